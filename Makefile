@@ -1,0 +1,68 @@
+# dvi_lite: one entry point for setup, tests, the full reproduction and the course model.
+# `make` (or `make help`) lists the targets.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+# pip on this machine prints many harmless warnings about a missing local index; drop them.
+PIP_FILTER := { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+# Evaluated once when make starts, so timings include the setup prerequisite.
+START_TIME := $(shell date +%s)
+
+export PYTHONHASHSEED := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help setup test test-browser reproduce lab model env-check clean distclean
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## Create .venv (if missing), install torch pin + package[dev], register the Jupyter kernel
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q torch==2.13.0 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q -e '.[dev]' 2>&1 | $(PIP_FILTER)
+	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
+	touch $@
+
+test: setup ## Run the test suite (browser tests excluded) with a timing summary
+	@rc=0; $(PY) -m pytest -q -x --durations=15 || rc=$$?; \
+	echo "make test: setup + tests took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc)"; \
+	exit $$rc
+
+test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs chromium via apt if missing)
+	@if [ ! -x /usr/bin/chromium ]; then \
+		apt-get update -q && apt-get install -y -q chromium; \
+	fi
+	$(PY) -m pytest -q -m browser tests/test_browser.py
+
+reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
+	@rc=0; $(PY) -m dvi_lite.reproduce || rc=$$?; \
+	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
+	exit $$rc
+
+lab: setup ## Open JupyterLab on notebooks/
+	$(VENV)/bin/jupyter lab notebooks/
+
+model: setup ## Retrain the course model and the draft model
+	$(PY) -m dvi_lite.train --preset course && $(PY) -m dvi_lite.train --preset draft
+
+env-check: setup ## Check installed versions, torch build, triton, browser and course model
+	$(PY) -m dvi_lite.envcheck
+
+clean: ## Remove build/, .pytest_cache and __pycache__ folders (keeps .venv)
+	rm -rf build .pytest_cache
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -print0 | xargs -0 -r rm -rf
+
+distclean: clean ## clean, and also remove .venv
+	rm -rf $(VENV)
