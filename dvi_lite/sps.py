@@ -20,14 +20,19 @@ def check_k(k) -> int:
     return k
 
 
+_LOADED: dict = {}  # (path, dtype, device) -> draft model: load once, not on every generate() call
+
+
 def resolve_draft(model, draft_model=None):
-    """The given draft model, or the committed course draft model; checks the vocabularies agree."""
-    if draft_model is None:
-        dev = model.get_output_embeddings().weight.device
-        draft_model = load_draft_model(dtype=next(model.parameters()).dtype, device=dev)
-    elif isinstance(draft_model, (str, bytes)) or hasattr(draft_model, "__fspath__"):
-        draft_model = load_draft_model(draft_model, dtype=next(model.parameters()).dtype,
-                                       device=model.get_output_embeddings().weight.device)
+    """The given draft model (object or folder), or the committed course draft model (loaded once).
+
+    Checks the vocabularies agree: rejection sampling compares p and q token by token.
+    """
+    if draft_model is None or isinstance(draft_model, (str, bytes)) or hasattr(draft_model, "__fspath__"):
+        key = (str(draft_model), next(model.parameters()).dtype, str(model.get_output_embeddings().weight.device))
+        if key not in _LOADED:
+            _LOADED[key] = load_draft_model(draft_model, dtype=key[1], device=key[2])
+        draft_model = _LOADED[key]
     if vocab_size(draft_model) != vocab_size(model):
         raise ValueError(f"draft model vocabulary ({vocab_size(draft_model)}) differs from the target's "
                          f"({vocab_size(model)}): speculative sampling needs the same tokenizer")

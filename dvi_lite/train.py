@@ -54,7 +54,7 @@ class TrainConfig:
 
 PRESETS = {
     "course": TrainConfig(),
-    "draft": TrainConfig(out_dir=str(DATA_DIR / "draft_model"), n_layer=2, steps=900),
+    "draft": TrainConfig(out_dir=str(DATA_DIR / "draft_model"), n_layer=2, steps=700),
     "tiny": TrainConfig(out_dir="build/tiny_model", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=128,
                         steps=20, batch_size=4, seq_len=64, eval_every=10, eval_batches=2),
 }

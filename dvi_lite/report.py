@@ -1,0 +1,59 @@
+"""The README's results section, generated from results/*.json (never hand-edited).
+
+`python -m dvi_lite.report` rewrites the block between the two markers in README.md; a test checks
+that the committed README equals what this module renders from the committed JSON.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dvi_lite.provenance import RESULTS_DIR, ROOT
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+README = ROOT / "README.md"
+
+
+def _f(x, p: int = 2) -> str:
+    return "–" if x is None else f"{x:.{p}f}"
+
+
+def render(results_dir: Path = RESULTS_DIR) -> str:
+    """Markdown tables, one per results file that has a "methods" block."""
+    parts = []
+    for f in sorted(results_dir.glob("*.json")):
+        body = json.loads(f.read_text())
+        methods = body.get("methods")
+        if not methods:
+            continue
+        prov = body.get("provenance", {})
+        s = body.get("settings", {})
+        parts.append(f"**{f.stem}** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
+                     f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × {s.get('max_new_tokens', '?')} tokens\n")
+        parts.append("| method | tokens/s | speedup vs AR | τ | α |\n|---|---:|---:|---:|---:|")
+        for m, r in methods.items():
+            parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | "
+                         f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
+        parts.append("")
+    if not parts:
+        return "_No full-run results yet: run `make reproduce`._\n"
+    return "\n".join(parts)
+
+
+def section(text: str) -> str:
+    """The current results block of a README text."""
+    if START not in text or END not in text:
+        raise ValueError(f"README has no results markers {START} ... {END}")
+    return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def update_readme(readme: Path = README, results_dir: Path = RESULTS_DIR) -> None:
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{START}\n{render(results_dir)}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    update_readme()
+    print(f"updated the results section of {README}")

@@ -1,0 +1,38 @@
+"""Every notebook runs top to bottom under papermill in smoke mode (the CI defaults)."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dvi_lite.reproduce import NOTEBOOKS_DIR, notebooks
+
+NBS = notebooks()
+
+
+def test_there_are_notebooks():
+    assert [nb.name[:2] for nb in NBS][:2] == ["00", "01"]
+
+
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_notebook_is_committed_clean(nb: Path):
+    """Outputs stripped, a papermill parameters cell with SMOKE, and no algorithm defined inline."""
+    doc = nbformat.read(nb, as_version=4)
+    code = [c for c in doc.cells if c.cell_type == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "strip outputs"
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and "SMOKE = True" in params[0].source
+    assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
+    import papermill as pm
+
+    out = Path(__file__).resolve().parent.parent / "build" / "notebooks_smoke" / nb.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": True}, kernel_name="python3",
+                        cwd=str(NOTEBOOKS_DIR), progress_bar=False)
+    done = nbformat.read(out, as_version=4)
+    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
