@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dvi_lite.kvcache import KVCache
-from dvi_lite.runner import Runner
+from dvi_lite.runner import Runner, tree_depths
 from dvi_lite.sampling import Sampler
 from dvi_lite.verify import verify_greedy_chain, verify_sampling_chain, verify_tree
 
@@ -30,7 +30,7 @@ class Proposal:
     q: torch.Tensor | None = None  # (N, V) draft distribution of each node (None: greedy, or point masses)
     parents: torch.Tensor | None = None  # (N,) parents[i] < i, -1 = child of the pending token
     hidden: torch.Tensor | None = None  # (1, m, D) hidden states at layer `split` the drafter already computed
-    split: int = 0  # for [pending, tokens[:m-1]]: verification then runs only layers [split, L) on them
+    split: int = 0  # for the first m of [pending, *tokens]: verification runs only layers [split, L) on them
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -157,8 +157,6 @@ def _now(device: torch.device) -> float:
 def _depth(parents: torch.Tensor | None, n: int) -> int:
     if parents is None:
         return n
-    from dvi_lite.runner import tree_depths
-
     return int(tree_depths(parents).max()) + 1 if n else 0
 
 
@@ -167,20 +165,28 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     """One target forward over [pending] + proposal, verification, cache rollback to the accepted path."""
     runner, cache = state.runner, state.cache
     dev = state.device
-    past = len(cache)
+    past = len(cache)  # committed positions (the pending token is not in the cache yet)
     ids = torch.tensor([[state.pending] + prop.tokens.tolist()], device=dev)  # (1, N+1)
     parents = None
     if prop.parents is not None:  # the pending token is the tree's root: shift node indices by one
         parents = torch.cat([torch.tensor([-1], device=dev), prop.parents.to(dev) + 1])
-    positions = runner.positions(cache, ids.shape[1], parents, layer=runner.n_layers - 1)
-    if prop.hidden is None:
+    offsets = torch.arange(ids.shape[1], device=dev) if parents is None else tree_depths(parents)
+    positions = (past + offsets)[None]  # (1, N+1)
+    m = 0 if prop.hidden is None else prop.hidden.shape[1]
+    # invariant before the verify pass: every layer it runs holds exactly the committed positions
+    # (drafters may have written draft positions); reused shallow layers keep the m drafted ones
+    cache.crop(past, range(prop.split if m else 0, runner.n_layers))
+    if m == 0:
         h = runner.layers_forward(runner.embed(ids), cache, positions, parents=parents)
     else:  # self-speculation: the first m inputs already went through layers [0, split) while drafting
         if parents is not None:
             raise NotImplementedError("Proposal.hidden with a tree: drafters must not set both yet")
-        m = prop.hidden.shape[1]
-        rest = runner.layers_forward(runner.embed(ids[:, m:]), cache, positions[:, m:], 0, prop.split)
-        h = runner.layers_forward(torch.cat([prop.hidden, rest], 1), cache, positions, prop.split, parents=parents)
+        cache.crop(past + m, range(0, prop.split))
+        h = prop.hidden
+        if m < ids.shape[1]:  # inputs the drafter never ran (usually the last draft token) go through [0, split)
+            rest = runner.layers_forward(runner.embed(ids[:, m:]), cache, positions[:, m:], 0, prop.split)
+            h = torch.cat([h, rest], 1)
+        h = runner.layers_forward(h, cache, positions, prop.split)
     logits = runner.logits(h)[0]  # (N+1, V)
     sampler = state.sampler
     if prop.parents is None:

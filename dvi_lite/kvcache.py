@@ -41,8 +41,10 @@ class KVCache:
         return self.k[layer_idx, :, :, :end], self.v[layer_idx, :, :, :end]
 
     def __len__(self) -> int:
-        """Committed length = the longest layer (the full-model layers)."""
-        return max(self.lens)
+        """Committed length = the shortest layer. Drafters may write extra (draft) positions into
+        the layers they run, never fewer than the committed ones, so the minimum is what every
+        layer agrees on."""
+        return min(self.lens)
 
     def crop(self, length: int, layers: range | None = None) -> None:
         """Roll back to the first `length` positions (O(1): only lengths change)."""

@@ -80,10 +80,10 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None =
 
     Loads with `local_files_only=True`: nothing is ever downloaded.
     """
-    path = Path(path) if path is not None else COURSE_MODEL
-    check_checkpoint(path)
     device = resolve_device(device)
     dt = resolve_dtype(dtype, device)
+    path = Path(path) if path is not None else COURSE_MODEL
+    check_checkpoint(path)
     if dt == torch.bfloat16 and device == "cpu" and not torch.backends.mkldnn.is_available():
         raise ValueError("dtype bfloat16 is not available on this CPU build; use float32")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True,

@@ -1,0 +1,63 @@
+"""The bench CLI: clean errors for bad input, stable JSON shape (on a tiny saved model)."""
+import json
+
+import pytest
+
+from dvi_lite import bench
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--methods", "ar,nope"], "unknown method 'nope'"),
+    (["--methods", ""], "at least one method"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--prompts", "/nonexistent.jsonl"], "does not exist"),
+    (["--model", "/nonexistent_model"], "does not exist"),
+    (["--dtype", "float8", "--n-prompts", "1"], "dtype must be one of"),
+])
+def test_bench_cli_errors(argv, needle, capsys):
+    code, err = run(argv, capsys)
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_bench_bad_prompts_file(tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": 1}\n')
+    code, err = run(["--prompts", str(f)], capsys)
+    assert code == 2 and "'prompt'" in err
+
+
+def test_predicted_speedup():
+    assert bench.predicted_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert bench.predicted_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert bench.predicted_speedup(0.5, 2, 0.5) == pytest.approx((1 - 0.5 ** 3) / 0.5 / 2.0)
+
+
+def test_bench_json_shape(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from dvi_lite.train import TOKENIZER_DIR
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    out = tmp_path / "r.json"
+    assert bench.main(["--model", str(tmp_path / "m"), "--draft-model", str(tmp_path / "m"), "--methods",
+                       "ar,hf,sps", "--n-prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
+                       "--json", str(out)]) == 0
+    body = json.loads(out.read_text())
+    assert {"commit", "device", "torch", "transformers", "command", "date"} <= set(body["provenance"])
+    for m in ("ar", "hf", "sps"):
+        r = body["methods"][m]
+        assert {"tokens_per_s", "speedup_vs_ar", "tau", "alpha", "n_prompts", "new_tokens"} <= set(r)
+    assert body["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert body["methods"]["sps"]["tau"] is not None

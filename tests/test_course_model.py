@@ -1,0 +1,101 @@
+"""Integration tests on the committed course model and draft model (fp32, CPU, no network).
+
+The losslessness tests here are the most important ones in the project: in fp32 greedy mode every
+method's tokens must equal plain greedy decoding and HF `generate`, token for token.
+"""
+import os
+
+import pytest
+import torch
+
+import dvi_lite
+from dvi_lite.bench import spread
+from dvi_lite.corpus import load_prompts, verify_snapshot
+from dvi_lite.models import COURSE_MODEL, DRAFT_MODEL
+
+pytestmark = pytest.mark.slow
+NEW = 64
+
+
+@pytest.fixture(scope="module")
+def course():
+    os.environ["HF_HUB_OFFLINE"] = "1"  # any attempt to reach a hub would fail loudly
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return dvi_lite.load_model()
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return dvi_lite.load_draft_model()
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(course):
+    model, tok = course
+    return {p["id"]: dvi_lite.generate(model, tok, p["prompt"], method="ar", max_new_tokens=NEW).token_ids
+            for p in spread(load_prompts(), 100)}
+
+
+def test_corpus_snapshot_matches_manifest():
+    verify_snapshot()
+
+
+def test_model_and_tokenizer_load_from_data(course):
+    model, tok = course
+    assert model.config.num_hidden_layers >= 8 and model.dtype == torch.float32 and not model.training
+    assert (COURSE_MODEL / "MODEL_CARD.md").is_file() and (DRAFT_MODEL / "MODEL_CARD.md").is_file()
+
+
+def test_tokenizer_round_trip_on_all_prompts(course):
+    _, tok = course
+    for p in load_prompts():
+        assert tok.decode(tok(p["prompt"], add_special_tokens=False)["input_ids"]) == p["prompt"]
+
+
+def test_prompt_sets():
+    prompts = load_prompts()
+    assert len(prompts) >= 200 and {p["domain"] for p in prompts} == {"code", "prose"}
+    assert len({p["id"] for p in prompts}) == len(prompts)
+
+
+def test_ar_equals_hf_generate_50_prompts(course, ar_outputs):
+    model, tok = course
+    for p in spread(load_prompts(), 50):
+        ids = tok(p["prompt"], return_tensors="pt")["input_ids"]
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                            pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+        assert ar_outputs[p["id"]] == hf, p["id"]
+
+
+@pytest.mark.parametrize("k", [4])
+def test_sps_greedy_equals_ar_100_prompts(course, draft, ar_outputs, k):
+    model, tok = course
+    accepted = drafted = 0
+    for p in spread(load_prompts(), 100):
+        out = dvi_lite.generate(model, tok, p["prompt"], method="sps", draft_model=draft, k=k, max_new_tokens=NEW)
+        assert out.token_ids == ar_outputs[p["id"]], p["id"]
+        accepted += sum(s.accepted for s in out.stats.steps)
+        drafted += sum(s.depth for s in out.stats.steps)
+    assert 0 < accepted < drafted  # a real draft: some accepted, some rejected
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_sps_sampling_matches_target_law_on_course_model(course, draft, temperature, top_p):
+    """The first verified token's law equals the processed target p (chi-square, 20k draws, p > 1e-3)."""
+    from dvi_lite.spec_lesson import token_histograms
+
+    model, tok = course
+    res = token_histograms(model, tok, "def read_config(path):\n    ", n_samples=20_000, temperature=temperature,
+                           top_p=top_p, k=2, draft_model=draft, seed=0)
+    assert res["p_value"] > 1e-3, res["p_value"]
+
+
+def test_generate_bad_inputs_course(course):
+    model, tok = course
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dvi_lite.generate(model, tok, "x" * 3000, max_new_tokens=10)
+    with pytest.raises(ValueError, match="vocabulary"):
+        from transformers import LlamaConfig, LlamaForCausalLM
+        other = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=32))
+        dvi_lite.generate(model, tok, "def f", method="sps", draft_model=other)
