@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dvi_lite.corpus import load_prompts
+from dvi_lite.engine import acceptance_rate, position_acceptance
 from dvi_lite.methods import METHODS, generate
 from dvi_lite.models import load_model
 from dvi_lite.provenance import provenance
@@ -35,7 +36,7 @@ def predicted_speedup(alpha: float, k: float, c: float) -> float:
 def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int, temperature: float,
                top_p: float, seed: int, options: dict) -> dict:
     """All prompts once; sums of tokens, time and engine counters (per domain too)."""
-    agg = {"new_tokens": 0, "time_s": 0.0, "steps": 0, "accepted": 0, "drafted": 0, "depth": 0,
+    agg = {"new_tokens": 0, "time_s": 0.0, "steps": 0, "accepted": 0, "drafted": 0, "log": [],
            "draft_s": 0.0, "verify_s": 0.0, "domains": {}, "outputs": []}
     for i, rec in enumerate(prompts):
         res = generate(model, tok, rec["prompt"], method=method, max_new_tokens=max_new_tokens,
@@ -46,7 +47,7 @@ def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int
         agg["steps"] += len(s.steps)
         agg["accepted"] += sum(x.accepted for x in s.steps)
         agg["drafted"] += sum(x.drafted for x in s.steps)
-        agg["depth"] += sum(x.depth for x in s.steps)
+        agg["log"] += [(x.depth, x.accepted) for x in s.steps]  # (depth, accepted) per step
         agg["draft_s"] += sum(x.draft_s for x in s.steps)
         agg["verify_s"] += sum(x.verify_s for x in s.steps)
         d = agg["domains"].setdefault(rec.get("domain", "all"), {"new_tokens": 0, "time_s": 0.0})
@@ -64,7 +65,7 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
         tps = [r["new_tokens"] / r["time_s"] for r in rs]
         steps = last["steps"]
         tau = (last["accepted"] + steps) / steps if steps and last["drafted"] else None
-        alpha = last["accepted"] / last["depth"] if last["depth"] else None
+        alpha = acceptance_rate(last["log"])  # per tested draft token, as in Stats.alpha
         out[m] = {
             "tokens_per_s": statistics.median(tps),
             "tokens_per_s_rounds": tps,
@@ -75,6 +76,7 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
             "distinct_token_fraction": statistics.mean(len(set(o)) / max(1, len(o)) for o in last["outputs"]),
             "domains": {d: statistics.median(r["domains"][d]["new_tokens"] / r["domains"][d]["time_s"] for r in rs)
                         for d in last["domains"]},
+            "position_acceptance": position_acceptance(last["log"]),
             "draft_s_per_step": last["draft_s"] / steps if steps else None,
             "verify_s_per_step": last["verify_s"] / steps if steps else None,
         }

@@ -75,6 +75,27 @@ class StepStats:
     trim_s: float  # cache rollback of the target (in verify_s) is O(1); this is the drafter's feedback/sync
 
 
+def acceptance_rate(log: list[tuple[int, int]]) -> float | None:
+    """Per-token acceptance rate alpha from (depth, accepted) per step: accepted / tested draft tokens.
+
+    A step tests its draft tokens in order until the first rejection, so it tests accepted + 1 of
+    them when one was rejected and `accepted` otherwise. This is the alpha of the speedup formula
+    (each tested token accepted independently with probability alpha; the maximum-likelihood
+    estimate). accepted / drafted is not: it also counts tokens after a rejection, never tested.
+    """
+    tested = sum(a + (a < d) for d, a in log)
+    return sum(a for _, a in log) / tested if tested else None
+
+
+def position_acceptance(log: list[tuple[int, int]]) -> list[float]:
+    """P(draft position i accepted | positions < i accepted and position i proposed), i = 0..depth-1."""
+    out = []
+    for i in range(max((d for d, _ in log), default=0)):
+        reached = [a for d, a in log if d > i and a >= i]
+        out.append(sum(a > i for a in reached) / len(reached) if reached else 0.0)
+    return out
+
+
 @dataclass
 class Stats:
     """Per-step records and the aggregates every notebook and the bench report."""
@@ -91,18 +112,10 @@ class Stats:
 
     @property
     def alpha(self) -> float | None:
-        """Acceptance rate: accepted / proposed draft positions (tree: along its depth)."""
-        d = sum(s.depth for s in self.steps)
-        return sum(s.accepted for s in self.steps) / d if d else None
+        return acceptance_rate([(s.depth, s.accepted) for s in self.steps])
 
     def position_acceptance(self) -> list[float]:
-        """P(draft position i accepted | position i was proposed), i = 0..max depth-1."""
-        depth = max((s.depth for s in self.steps), default=0)
-        out = []
-        for i in range(depth):
-            reached = [s for s in self.steps if s.depth > i]
-            out.append(sum(s.accepted > i for s in reached) / len(reached) if reached else 0.0)
-        return out
+        return position_acceptance([(s.depth, s.accepted) for s in self.steps])
 
     def accepted_histogram(self) -> list[int]:
         """Counts of steps by number of accepted draft tokens (0, 1, ..., max)."""

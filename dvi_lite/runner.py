@@ -63,6 +63,10 @@ class Runner:
     """Thin, stateless driver over an HF `*ForCausalLM` (Llama family)."""
 
     def __init__(self, model):
+        impl = getattr(model.config, "_attn_implementation", "sdpa")
+        if impl != "sdpa":  # our masks are boolean / None-means-causal, which only sdpa reads that way
+            raise ValueError(f"model must use attn_implementation='sdpa' (got {impl!r}); load it with "
+                             "from_pretrained(..., attn_implementation='sdpa') or dvi_lite.load_model")
         self.model = model
         base = model.model
         self.embed_tokens = base.embed_tokens

@@ -6,6 +6,7 @@ guarantees "output ~ p" for the p it is given.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +19,11 @@ class Sampler:
     top_p: float = 1.0  # keep the smallest set with cumulative probability >= top_p (1 = off)
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:  # NaN fails too
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
 
     @property

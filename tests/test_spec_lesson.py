@@ -1,0 +1,110 @@
+"""dvi_lite.spec_lesson (notebook 01): exact and simulated losslessness, formulas, K sweep shapes.
+
+Uses the tiny random Llamas of conftest.py (target, draft, tok, prompts); never the course model.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dvi_lite import spec_lesson as sl
+from dvi_lite.methods import METHODS
+
+
+def test_exact_law_is_p():
+    for seed in range(5):
+        p, q = sl.toy_pair(v=8, seed=seed)
+        assert torch.allclose(sl.exact_output_law(p, q), p, atol=1e-6, rtol=0)
+
+
+def test_alpha_is_one_minus_tv():
+    p, q = sl.toy_pair(v=16, seed=3)
+    assert sl.alpha_of(p, q) == pytest.approx(1 - sl.tv(p, q), abs=1e-12)
+    assert 0.2 < sl.alpha_of(p, q) < 0.95  # the toy pair is neither trivial nor disjoint
+    assert sl.alpha_of(p, p) == pytest.approx(1.0)
+
+
+def test_simulated_law_matches_p():
+    p, q = sl.toy_pair(v=8, seed=0)
+    counts = sl.first_emitted_counts(p, q, 20000, seed=0)
+    assert int(counts.sum()) == 20000
+    assert sl.chi_square(counts, p)["pvalue"] > 1e-3
+    assert torch.allclose(sl.simulate_output_law(p, q, 2000, seed=1).sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_chi_square_catches_the_draft_law():
+    """Control: emitting the draft x without verification follows q, and the test must see it."""
+    p, q = sl.toy_pair(v=8, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    biased = torch.multinomial(q, 20000, replacement=True, generator=gen).bincount(minlength=8)
+    assert sl.chi_square(biased, p)["pvalue"] < 1e-6
+
+
+def test_chi_square_pools_rare_bins_and_flags_impossible_tokens():
+    probs = torch.tensor([0.5, 0.4999, 0.0001, 0.0])
+    ok = sl.chi_square(torch.tensor([500, 500, 0, 0]), probs)
+    assert ok["bins"] == 2 and ok["pvalue"] > 0.9
+    bad = sl.chi_square(torch.tensor([500, 499, 0, 1]), probs)  # a token with p = 0 was emitted
+    assert bad["pvalue"] == 0.0
+
+
+def test_expected_tokens_hand_values():
+    assert sl.expected_tokens(0.0, 4) == 1.0
+    assert sl.expected_tokens(1.0, 4) == 5.0
+    assert sl.expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert sl.expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert sl.expected_tokens(0.8, 2) == pytest.approx(1 + 0.8 + 0.64)
+    curve = sl.formula_curve(0.8, 0.2, [1, 2, 3])
+    assert curve["speedup"][0] == pytest.approx(1.8 / 1.2)
+
+
+def test_position_stats():
+    log = [(3, 0), (3, 3), (3, 1), (2, 2)]  # (drafted, accepted)
+    pos = sl.position_stats(log, 3)
+    assert pos["alpha_hat"] == pytest.approx(6 / (6 + 2))
+    assert pos["survival"] == pytest.approx([3 / 4, 2 / 4, 1 / 3])
+    assert pos["conditional"] == pytest.approx([3 / 4, 2 / 3, 1 / 1])
+
+
+def test_token_histograms_lossless(target, draft, tok, prompts):
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+        h = sl.token_histograms(target, tok, prompts[0], n_samples=20000, temperature=temperature, top_p=top_p,
+                                draft_model=draft, seed=0, n_show=10)
+        assert h["spec_vs_p"]["pvalue"] > 1e-3, h["spec_vs_p"]
+        assert h["target_vs_p"]["pvalue"] > 1e-3
+        assert 0.0 < h["alpha"] < 1.0
+        shown = min(10, h["support_p"])  # top-p can leave fewer than 10 tokens with p > 0
+        assert len(h["rows"]) == shown + 1 and h["rows"][-1]["token"] == -1
+        assert sum(r["spec"] for r in h["rows"]) == pytest.approx(1.0)
+        if top_p < 1.0:  # the nucleus is smaller than the vocabulary; tokens outside it never come out
+            assert h["support_p"] < 64
+
+
+def test_measure_alpha_greedy_and_sampled(target, draft, tok, prompts):
+    g = sl.measure_alpha(target, draft, tok, prompts[:3], temperature=0.0, max_new_tokens=6)
+    assert g["positions"] == 18 and 0.0 <= g["alpha"] <= 1.0
+    s = sl.measure_alpha(target, draft, tok, prompts[:3], temperature=1.0, max_new_tokens=6)
+    assert 0.0 < s["alpha"] < 1.0
+    assert sl.measure_alpha(target, target, tok, prompts[:2], temperature=1.0, max_new_tokens=4)["alpha"] == \
+        pytest.approx(1.0, abs=1e-5)
+
+
+def test_k_sweep_rows(target, draft, tok, prompts):
+    before = set(METHODS)
+    rows = sl.k_sweep(target, tok, prompts[:2], [1, 3], max_new_tokens=8, repeats=1, temperature=1.0,
+                      draft_model=draft)
+    assert set(METHODS) == before  # the temporary sps_k<K> methods are gone
+    assert [r["k"] for r in rows] == [1, 3]
+    keys = {"k", "alpha", "alpha_hat", "tau", "expected_tokens", "tokens_per_s", "speedup_vs_ar", "c",
+            "predicted_speedup", "measured_over_predicted", "position_acceptance", "position_survival"}
+    for r in rows:
+        assert keys <= set(r)
+        assert len(r["position_acceptance"]) == r["k"]
+        assert 1.0 <= r["tau"] <= r["k"] + 1
+    assert rows[0]["alpha"] == pytest.approx(rows[0]["alpha_hat"])  # K = 1: the two estimates agree
+
+
+def test_parity_table_fp32_exact(target, tok, prompts):
+    t = sl.parity_table(target, tok, prompts[:2], new_tokens=6, k=2, dtypes=("float32",))
+    assert t["rows"][0]["dtype"] == "float32" and t["rows"][0]["positions"] == 12
+    assert t["rows"][0]["mismatches"] == 0
