@@ -281,8 +281,8 @@ def test_stats_aggregates_hand_example():
     for drafted, accepted in [(3, 3), (3, 1), (3, 0), (2, 2)]:
         st.steps.append(StepStats(drafted, drafted, accepted, 0.1, 0.2, 0.0))
     assert st.tau == (4 + 2 + 1 + 3) / 4
-    assert st.alpha == 6 / 11
-    assert st.position_acceptance() == [3 / 4, 2 / 4, 1 / 3]
+    assert st.alpha == 6 / 8  # accepted / tested: a step stops testing at its first rejection
+    assert st.position_acceptance() == [3 / 4, 2 / 3, 1 / 1]  # conditional on reaching position i
     assert st.accepted_histogram() == [1, 1, 1, 1]
     assert st.tokens_per_s == 5.0
     d = st.to_dict()
