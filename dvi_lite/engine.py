@@ -45,6 +45,7 @@ class Outcome:
     p_logits: torch.Tensor  # (N+1, V) target logits at pending + every node
     hidden: torch.Tensor  # (1, n+1, D) final pre-norm hidden states at pending + accepted path
     committed: int  # target cache length after this step (= tokens known to the target, pending excluded)
+    split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs (self-speculation)
 
     @property
     def n_accepted(self) -> int:
@@ -54,6 +55,7 @@ class Outcome:
 class Drafter:
     """Base drafter: proposes nothing, so decoding is plain autoregressive (the AR baseline)."""
     name = "ar"
+    capture_layer: int | None = None  # ask the prefill for the prompt's hidden states after this many layers
 
     def prefill(self, state: "DecodeState", prompt: torch.Tensor) -> None:
         """Called once after the target's prefill (prompt (1, T)); build the drafter's own caches."""
@@ -147,6 +149,7 @@ class DecodeState:
     tokens: list[int]  # prompt + generated so far (the last one is the pending token)
     max_new_tokens: int
     n_prompt: int
+    prefill_hidden: dict = field(default_factory=dict)  # {k: (1, T, D) after k layers}; k = n_layers: final pre-norm
 
     @property
     def device(self) -> torch.device:
@@ -189,6 +192,7 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     # invariant before the verify pass: every layer it runs holds exactly the committed positions
     # (drafters may have written draft positions); reused shallow layers keep the m drafted ones
     cache.crop(past, range(prop.split if m else 0, runner.n_layers))
+    split_h = None
     if m == 0:
         h = runner.layers_forward(runner.embed(ids), cache, positions, parents=parents)
     else:  # self-speculation: the first m inputs already went through layers [0, split) while drafting
@@ -199,6 +203,7 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
         if m < ids.shape[1]:  # inputs the drafter never ran (usually the last draft token) go through [0, split)
             rest = runner.layers_forward(runner.embed(ids[:, m:]), cache, positions[:, m:], 0, prop.split)
             h = torch.cat([h, rest], 1)
+        split_h = h
         h = runner.layers_forward(h, cache, positions, prop.split)
     logits = runner.logits(h)[0]  # (N+1, V)
     sampler = state.sampler
@@ -213,7 +218,7 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
         path, nxt = verify_tree(prop.tokens, prop.parents, p, prop.q, sampler.greedy, state.gen)
     keep = torch.tensor([0] + [i + 1 for i in path], device=dev)
     cache.keep(past, keep)
-    return Outcome(prop, path, nxt, logits, h[:, keep], len(cache))
+    return Outcome(prop, path, nxt, logits, h[:, keep], len(cache), split_h)
 
 
 @torch.no_grad()
@@ -222,8 +227,13 @@ def start(runner: Runner, drafter: Drafter, prompt_ids: list[int], max_new_token
     """Prefill the target (and the drafter) on the prompt and pick the first new token."""
     cache = runner.new_cache(len(prompt_ids) + max_new_tokens + max_draft + 2)
     prompt = torch.tensor([prompt_ids], device=runner.device)
-    logits, _ = runner.forward(prompt, cache)
-    state = DecodeState(runner, cache, sampler, gen, list(prompt_ids), max_new_tokens, len(prompt_ids))
+    pos = runner.positions(cache, prompt.shape[1])
+    k = drafter.capture_layer if drafter.capture_layer is not None else runner.n_layers
+    hk = runner.layers_forward(runner.embed(prompt), cache, pos, 0, k)
+    h = runner.layers_forward(hk, cache, pos, k) if k < runner.n_layers else hk
+    logits = runner.logits(h[:, -1:])  # only the last position's logits are needed
+    state = DecodeState(runner, cache, sampler, gen, list(prompt_ids), max_new_tokens, len(prompt_ids),
+                        prefill_hidden={k: hk, runner.n_layers: h})
     state.tokens.append(sampler.pick(logits[0, -1], gen))
     drafter.prefill(state, prompt)
     return state

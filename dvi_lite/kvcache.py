@@ -22,12 +22,13 @@ class KVCache:
         self.max_len = max_len
 
     @classmethod
-    def for_model(cls, model, max_len: int) -> "KVCache":
+    def for_model(cls, model, max_len: int, n_layers: int | None = None) -> "KVCache":
+        """A cache shaped for `model`'s attention (n_layers=1: e.g. a Kangaroo adapter's own cache)."""
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         p = next(model.parameters())
-        return cls(cfg.num_hidden_layers, n_kv, head_dim, max_len, p.dtype, p.device)
+        return cls(n_layers or cfg.num_hidden_layers, n_kv, head_dim, max_len, p.dtype, p.device)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Append k, v (1, H, n, D) to one layer; return that layer's whole (1, H, T, D) views."""

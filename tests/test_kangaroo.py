@@ -1,0 +1,121 @@
+"""Kangaroo drafter: lossless greedy decoding, consistent adapter cache, clear errors."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import dvi_lite
+from dvi_lite.engine import start, step
+from dvi_lite.kangaroo import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
+from dvi_lite.kvcache import KVCache
+from dvi_lite.runner import Runner
+from dvi_lite.sampling import Sampler, make_generator
+
+
+class _Tok:
+    eos_token_id = None
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # peaked distributions, deep layers that matter: drafts get rejected
+        m.lm_head.weight.mul_(20)
+        for layer in m.model.layers:
+            layer.mlp.down_proj.weight.mul_(6)
+            layer.self_attn.o_proj.weight.mul_(6)
+    return m
+
+
+PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [5] * 9, [7, 3, 9, 11, 40, 2]]
+
+
+@pytest.mark.parametrize("split,threshold", [(1, None), (2, 0.6), (3, 0.95)])
+def test_greedy_equals_ar(model, split, threshold):
+    adapter = KangarooAdapter(model, split).eval()
+    alphas = []
+    for p in PROMPTS:
+        ar = dvi_lite.generate(model, _Tok(), p, max_new_tokens=40, stop_at_eos=False)
+        kg = dvi_lite.generate(model, _Tok(), p, method="kangaroo", split=split, adapter=adapter,
+                               threshold=threshold, max_new_tokens=40, stop_at_eos=False)
+        assert kg.token_ids == ar.token_ids
+        alphas.append(kg.stats.alpha)
+    assert any(a < 1 for a in alphas)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_adapter_cache_equals_fresh_computation(model, greedy):
+    """After any mix of accepts/rejects (incl. the all-accepted 'last draft token' case), the adapter's
+    cache + todo equal the adapter run once over every committed position."""
+    split = 2
+    adapter = KangarooAdapter(model, split).eval()
+    runner = Runner(model)
+    drafter = KangarooDrafter(runner, adapter, max_steps=4, threshold=None)
+    sampler = Sampler() if greedy else Sampler(temperature=1.0)
+    state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0))
+    all_accepted = False
+    for _ in range(8):
+        out, st = step(state, drafter)
+        all_accepted |= st.accepted == st.depth
+    committed = state.tokens[:-1]
+    ids = torch.tensor([committed])
+    with torch.no_grad():
+        hk = runner.layers_forward(runner.embed(ids), None, runner.positions(None, len(committed)), 0, split)
+        fresh = KVCache.for_model(model, 64, n_layers=1)
+        pos = torch.arange(len(committed))[None]
+        adapter(hk, runner.rotary(hk, pos), fresh)
+    n = len(drafter.cache)
+    todo = sum(t.shape[1] for t in drafter.todo)
+    assert n + todo == len(committed)
+    k_live, v_live = drafter.cache.layer(0)
+    k_ref, v_ref = fresh.layer(0)
+    torch.testing.assert_close(k_live, k_ref[:, :, :n], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(v_live, v_ref[:, :, :n], atol=1e-4, rtol=1e-4)
+    if todo:
+        torch.testing.assert_close(torch.cat(drafter.todo, 1), hk[:, n:], atol=1e-4, rtol=1e-4)
+
+
+def test_missing_adapter_is_a_clear_error(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Kangaroo adapter"):
+        load_adapter(model, 2, tmp_path / "none.pt")
+
+
+def test_adapter_for_another_model_is_rejected(model, tmp_path):
+    torch.manual_seed(1)
+    other = LlamaForCausalLM(model.config).eval()
+    save_adapter(KangarooAdapter(other, 2), other, tmp_path / "a.pt")
+    with pytest.raises(ValueError, match="another model"):
+        load_adapter(model, 2, tmp_path / "a.pt")
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
+                                    (dict(split=2, threshold=0.0), "threshold"), (dict(split=2, threshold=1.2), "threshold")])
+def test_bad_inputs(model, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        dvi_lite.generate(model, _Tok(), [1, 2], method="kangaroo", adapter=KangarooAdapter(model, 2), **kw)
+
+
+def test_distillation_reduces_kl(model):
+    from dvi_lite.kangaroo_train import distill_loss
+
+    torch.manual_seed(0)
+    adapter = KangarooAdapter(model, 1).train()
+    runner = Runner(model)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=3e-3)
+    x = torch.randint(64, (4, 16))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first = distill_loss(adapter, runner, x).item()
+    for _ in range(30):
+        loss = distill_loss(adapter, runner, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * first
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the target stays frozen
+    model.zero_grad(set_to_none=True)
