@@ -25,6 +25,7 @@ class ParityReport:
     mismatches: int = 0
     max_abs_diff: float = 0.0
     examples: list[dict] = field(default_factory=list)  # near-ties that flipped: top-2 of both paths
+    nearest: list[dict] = field(default_factory=list)  # the closest decode top-2 gaps, flipped or not
 
     @property
     def mismatch_rate(self) -> float:
@@ -32,7 +33,15 @@ class ParityReport:
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "positions": self.positions, "mismatches": self.mismatches,
-                "mismatch_rate": self.mismatch_rate, "max_abs_diff": self.max_abs_diff, "examples": self.examples}
+                "mismatch_rate": self.mismatch_rate, "max_abs_diff": self.max_abs_diff, "examples": self.examples,
+                "nearest": self.nearest}
+
+
+def _top2(dec: torch.Tensor, ver: torch.Tensor, t: int) -> dict:
+    d2, v2 = dec[t].topk(2), ver[t].topk(2)
+    return {"position": t, "decode_top2": [[int(i), float(x)] for x, i in zip(d2.values, d2.indices)],
+            "verify_top2": [[int(i), float(x)] for x, i in zip(v2.values, v2.indices)],
+            "flipped": int(d2.indices[0]) != int(v2.indices[0]), "gap": float(d2.values[0] - d2.values[1])}
 
 
 @torch.no_grad()
@@ -73,10 +82,12 @@ def measure_parity(model, prompts: list[list[int]], dtypes=("float32", "bfloat16
             rep.max_abs_diff = max(rep.max_abs_diff, float((dec - ver).abs().max()))
             flips = (dec.argmax(-1) != ver.argmax(-1)).nonzero().flatten().tolist()
             rep.mismatches += len(flips)
-            for t in flips[: max(0, max_examples - len(rep.examples))]:
-                d2, v2 = dec[t].topk(2), ver[t].topk(2)
-                rep.examples.append({"position": t, "decode_top2": [[int(i), float(x)] for x, i in zip(d2.values, d2.indices)],
-                                     "verify_top2": [[int(i), float(x)] for x, i in zip(v2.values, v2.indices)]})
+            rep.examples += [_top2(dec, ver, t) for t in flips[: max(0, max_examples - len(rep.examples))]]
+            top = dec.topk(2, dim=-1).values  # (N, 2)
+            gaps = (top[:, 0] - top[:, 1]).tolist()
+            for t in sorted(range(len(gaps)), key=gaps.__getitem__)[:max_examples]:
+                rep.nearest.append(_top2(dec, ver, t))
+        rep.nearest = sorted(rep.nearest, key=lambda e: e["gap"])[:max_examples]
         reports[name] = rep
         del m
     return reports

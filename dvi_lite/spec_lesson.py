@@ -298,13 +298,18 @@ def parity_table(model, tok, prompts: list, new_tokens: int = 32, k: int = 4,
                  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> dict:
     """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples."""
     reps = measure_parity(model, [_ids(tok, p) for p in prompts], dtypes, new_tokens, check_k(k))
-    rows, examples = [], []
+    rows, examples, nearest = [], [], []
     for name, rep in reps.items():
         d = rep.to_dict()
         rows.append({x: d[x] for x in ("dtype", "positions", "mismatches", "mismatch_rate", "max_abs_diff")})
         for ex in d["examples"]:
-            (t1, v1), (t2, v2) = ex["decode_top2"]
-            examples.append({"dtype": name, "position": ex["position"], "decode_top2": ex["decode_top2"],
-                             "verify_top2": ex["verify_top2"], "tokens": [tok.decode([t1]), tok.decode([t2])],
-                             "decode_gap": v1 - v2, "bf16_step": _bf16_step(v1)})
-    return {"rows": rows, "examples": examples}
+            examples.append(_describe(ex, name, tok))
+        for ex in d["nearest"]:
+            nearest.append(_describe(ex, name, tok))
+    return {"rows": rows, "examples": examples, "nearest": nearest}
+
+
+def _describe(ex: dict, dtype: str, tok) -> dict:
+    (t1, v1), (t2, v2) = ex["decode_top2"]
+    return {**ex, "dtype": dtype, "tokens": [tok.decode([t1]), tok.decode([t2])], "decode_gap": v1 - v2,
+            "bf16_step": _bf16_step(v1)}
