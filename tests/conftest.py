@@ -155,3 +155,33 @@ def random_dist(v: int, gen: torch.Generator, zeros: int = 0) -> torch.Tensor:
     if zeros:
         x[torch.randperm(v, generator=gen)[:zeros]] = 0
     return (x / x.sum()).float()
+
+
+class IdTokenizer:
+    """For prompts given as id lists: generate() only needs decode and eos_token_id (None: no stop)."""
+    eos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 64 for c in text]}
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def deep_model() -> LlamaForCausalLM:
+    """4 layers, peaked logits and deep layers that matter, so shallow (self-speculative) drafts get rejected."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(20)
+        for layer in m.model.layers:
+            layer.mlp.down_proj.weight.mul_(6)
+            layer.self_attn.o_proj.weight.mul_(6)
+    return m
+
+
+DEEP_PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [5] * 9, [7, 3, 9, 11, 40, 2]]

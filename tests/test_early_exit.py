@@ -1,43 +1,24 @@
 """Naive early-exit self-speculation: lossless, and the shallow layers are never recomputed."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
 
 import dvi_lite
-
-
-class _Tok:
-    eos_token_id = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % 64 for c in text]}
-
-    def decode(self, ids):
-        return " ".join(map(str, ids))
+from conftest import DEEP_PROMPTS, IdTokenizer
 
 
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                      tie_word_embeddings=False, attn_implementation="sdpa")
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # peaked distributions, and deep layers that matter (so shallow drafts get rejected)
-        m.lm_head.weight.mul_(20)
-        for layer in m.model.layers:
-            layer.mlp.down_proj.weight.mul_(6)
-            layer.self_attn.o_proj.weight.mul_(6)
-    return m
+def model(deep_model):
+    return deep_model
 
 
-PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [5] * 9, [7, 3, 9, 11, 40, 2]]
+PROMPTS = DEEP_PROMPTS
 CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, max_steps=3), dict(split=2, threshold=0.9)]
 
 
 @pytest.mark.parametrize("kw", CONFIGS)
 def test_greedy_equals_ar(model, kw):
-    tok = _Tok()
+    tok = IdTokenizer()
     alphas = []
     for p in PROMPTS:
         ar = dvi_lite.generate(model, tok, p, max_new_tokens=40, stop_at_eos=False)
@@ -53,7 +34,7 @@ def test_shallow_layers_are_not_recomputed(model):
     hooks = [layer.self_attn.register_forward_hook(lambda mod, a, kw, out, i=i: seen.__setitem__(i, seen[i] + kw["hidden_states"].shape[1]), with_kwargs=True)
              for i, layer in enumerate(model.model.layers)]
     try:
-        out = dvi_lite.generate(model, _Tok(), PROMPTS[0], method="early_exit", split=2, max_new_tokens=30,
+        out = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], method="early_exit", split=2, max_new_tokens=30,
                                 stop_at_eos=False, threshold=0.5)
     finally:
         for h in hooks:
@@ -68,4 +49,4 @@ def test_shallow_layers_are_not_recomputed(model):
                                     (dict(split=2, threshold=1.5), "threshold"), (dict(split=2, max_steps=0), "max_steps")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        dvi_lite.generate(model, _Tok(), [1, 2], method="early_exit", **kw)
+        dvi_lite.generate(model, IdTokenizer(), [1, 2], method="early_exit", **kw)

@@ -1,9 +1,10 @@
 """Kangaroo drafter: lossless greedy decoding, consistent adapter cache, clear errors."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import dvi_lite
+from conftest import DEEP_PROMPTS, IdTokenizer
 from dvi_lite.engine import start, step
 from dvi_lite.kangaroo import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
 from dvi_lite.kvcache import KVCache
@@ -11,29 +12,12 @@ from dvi_lite.runner import Runner
 from dvi_lite.sampling import Sampler, make_generator
 
 
-class _Tok:
-    eos_token_id = None
-
-    def decode(self, ids):
-        return " ".join(map(str, ids))
-
-
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                      tie_word_embeddings=False, attn_implementation="sdpa")
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # peaked distributions, deep layers that matter: drafts get rejected
-        m.lm_head.weight.mul_(20)
-        for layer in m.model.layers:
-            layer.mlp.down_proj.weight.mul_(6)
-            layer.self_attn.o_proj.weight.mul_(6)
-    return m
+def model(deep_model):
+    return deep_model
 
 
-PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [5] * 9, [7, 3, 9, 11, 40, 2]]
+PROMPTS = DEEP_PROMPTS
 
 
 @pytest.mark.parametrize("split,threshold", [(1, None), (2, 0.6), (3, 0.95)])
@@ -41,8 +25,8 @@ def test_greedy_equals_ar(model, split, threshold):
     adapter = KangarooAdapter(model, split).eval()
     alphas = []
     for p in PROMPTS:
-        ar = dvi_lite.generate(model, _Tok(), p, max_new_tokens=40, stop_at_eos=False)
-        kg = dvi_lite.generate(model, _Tok(), p, method="kangaroo", split=split, adapter=adapter,
+        ar = dvi_lite.generate(model, IdTokenizer(), p, max_new_tokens=40, stop_at_eos=False)
+        kg = dvi_lite.generate(model, IdTokenizer(), p, method="kangaroo", split=split, adapter=adapter,
                                threshold=threshold, max_new_tokens=40, stop_at_eos=False)
         assert kg.token_ids == ar.token_ids
         alphas.append(kg.stats.alpha)
@@ -98,7 +82,7 @@ def test_adapter_for_another_model_is_rejected(model, tmp_path):
                                     (dict(split=2, threshold=0.0), "threshold"), (dict(split=2, threshold=1.2), "threshold")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        dvi_lite.generate(model, _Tok(), [1, 2], method="kangaroo", adapter=KangarooAdapter(model, 2), **kw)
+        dvi_lite.generate(model, IdTokenizer(), [1, 2], method="kangaroo", adapter=KangarooAdapter(model, 2), **kw)
 
 
 def test_distillation_reduces_kl(model):
