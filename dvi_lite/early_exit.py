@@ -8,6 +8,13 @@ so verification only runs layers [k, L) on those positions.
 
 Drafting stops early when the draft's top-1 probability falls below `threshold` (Kangaroo's second
 "early exit"), or after `max_steps` tokens.
+
+Tree drafts (branch > 1, beyond the Kangaroo repo): drafting still runs one chain (the top-1 tokens)
+through the shallow layers, and at every step also proposes the next `branch - 1` most likely tokens
+as leaf siblings of the chain token. They cost nothing to draft; verification runs them through
+layers [0, k) with a tree mask (engine.verify_step) and accepts the longest matching path. Tree
+candidates are deterministic (top-k picks), so under sampling they are verified as point masses
+(q = None in verify_tree), which keeps the output distribution exactly p.
 """
 from __future__ import annotations
 
@@ -23,6 +30,12 @@ def check_split(split, n_layers: int) -> int:
     return split
 
 
+def check_branch(branch) -> int:
+    if not isinstance(branch, int) or isinstance(branch, bool) or branch < 1:
+        raise ValueError(f"branch (candidates per draft step; 1 = a chain) must be an int >= 1, got {branch!r}")
+    return branch
+
+
 def check_threshold(threshold) -> float:
     if not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold (eta) must be in (0, 1], got {threshold!r}")
@@ -32,12 +45,14 @@ def check_threshold(threshold) -> float:
 class EarlyExitDrafter(Drafter):
     name = "early_exit"
 
-    def __init__(self, runner, split: int, max_steps: int = 6, threshold: float | None = None):
+    def __init__(self, runner, split: int, max_steps: int = 6, threshold: float | None = None, branch: int = 1):
         self.runner = runner
         self.split = check_split(split, runner.n_layers)
-        if not isinstance(max_steps, int) or max_steps < 1:
+        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        self.max_steps = self.max_draft = max_steps
+        self.max_steps = max_steps
+        self.branch = check_branch(branch)
+        self.max_draft = max_steps * self.branch  # cache room the engine reserves for one proposal
         self.threshold = None if threshold is None else check_threshold(threshold)
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -50,27 +65,40 @@ class EarlyExitDrafter(Drafter):
         past = len(cache)
         cache.crop(past, range(0, self.split))
         steps = max(1, min(self.max_steps, state.remaining - 1))
-        tok, hs, tokens, qs = state.pending, [], [], []
+        tree = self.branch > 1
+        tok, hs, tokens, qs, leaves = state.pending, [], [], [], []
         for i in range(steps):
             pos = torch.tensor([[past + i]], device=state.device)
             h = r.layers_forward(r.embed(torch.tensor([[tok]], device=state.device)), cache, pos, 0, self.split)
             hs.append(h)
             logits = self.exit_logits(h)[0, -1]  # (V,)
             q = state.sampler.probs(logits)
-            tok = int(q.argmax()) if state.sampler.greedy else int(torch.multinomial(q, 1, generator=state.gen))
             if self.threshold is not None and i > 0 and float(q.max()) < self.threshold:
-                break  # not confident: drop this candidate; h of its input d_i is kept (all inputs covered)
+                break  # not confident: stop; h of its input d_i is kept (all inputs covered)
+            if tree:  # top-1 continues the chain, the next branch-1 become leaves under the same parent
+                top = torch.topk(q, min(self.branch, int((q > 0).sum()))).indices.tolist()
+                tok = top[0]
+                leaves += [(t, i - 1) for t in top[1:]]
+            else:
+                tok = int(q.argmax()) if state.sampler.greedy else int(torch.multinomial(q, 1, generator=state.gen))
             tokens.append(tok)
             qs.append(q)
         # shallow states of [pending, d1, ...]: n of them after a full run (d_n itself not yet fed),
         # n + 1 after an early stop (the last input was fed to find out it was not confident)
         hidden = torch.cat(hs, 1)
-        return Proposal(torch.tensor(tokens, device=state.device),
-                        None if state.sampler.greedy else torch.stack(qs), hidden=hidden, split=self.split)
+        dev = state.device
+        if not tree:
+            return Proposal(torch.tensor(tokens, device=dev), None if state.sampler.greedy else torch.stack(qs),
+                            hidden=hidden, split=self.split)
+        n = len(tokens)  # chain d1..dn first (node i's parent is i-1), then the leaves
+        parents = list(range(-1, n - 1)) + [p for _, p in leaves]
+        return Proposal(torch.tensor(tokens + [t for t, _ in leaves], device=dev), None,
+                        torch.tensor(parents, device=dev), hidden=hidden, split=self.split)
 
 
 @register("early_exit")
-def _early_exit(model, tokenizer, split: int | None = None, max_steps: int = 6, threshold: float | None = None):
+def _early_exit(model, tokenizer, split: int | None = None, max_steps: int = 6, threshold: float | None = None,
+                branch: int = 1):
     """Self-speculation with the target's own first `split` layers and its own head (no training)."""
     r = _runner(model)
-    return EarlyExitDrafter(r, split if split is not None else max(1, r.n_layers // 4), max_steps, threshold)
+    return EarlyExitDrafter(r, split if split is not None else max(1, r.n_layers // 4), max_steps, threshold, branch)

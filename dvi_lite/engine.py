@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dvi_lite.kvcache import KVCache
-from dvi_lite.runner import Runner, tree_depths
+from dvi_lite.runner import Runner, tree_depths, tree_mask
 from dvi_lite.sampling import Sampler
 from dvi_lite.verify import verify_greedy_chain, verify_sampling_chain, verify_tree
 
@@ -29,7 +29,7 @@ class Proposal:
     tokens: torch.Tensor  # (N,) long
     q: torch.Tensor | None = None  # (N, V) draft distribution of each node (None: greedy, or point masses)
     parents: torch.Tensor | None = None  # (N,) parents[i] < i, -1 = child of the pending token
-    hidden: torch.Tensor | None = None  # (1, m, D) hidden states at layer `split` the drafter already computed
+    hidden: torch.Tensor | None = None  # (1, m, D) layer-`split` states of the first m of [pending, *tokens], a chain
     split: int = 0  # for the first m of [pending, *tokens]: verification runs only layers [split, L) on them
 
     def __len__(self) -> int:
@@ -45,7 +45,7 @@ class Outcome:
     p_logits: torch.Tensor  # (N+1, V) target logits at pending + every node
     hidden: torch.Tensor  # (1, n+1, D) final pre-norm hidden states at pending + accepted path
     committed: int  # target cache length after this step (= tokens known to the target, pending excluded)
-    split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs (self-speculation)
+    split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs, node order (self-speculation)
 
     @property
     def n_accepted(self) -> int:
@@ -196,15 +196,19 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     if m == 0:
         h = runner.layers_forward(runner.embed(ids), cache, positions, parents=parents)
     else:  # self-speculation: the first m inputs already went through layers [0, split) while drafting
-        if parents is not None:
-            raise NotImplementedError("Proposal.hidden with a tree: drafters must not set both yet")
         cache.crop(past + m, range(0, prop.split))
         h = prop.hidden
-        if m < ids.shape[1]:  # inputs the drafter never ran (usually the last draft token) go through [0, split)
-            rest = runner.layers_forward(runner.embed(ids[:, m:]), cache, positions[:, m:], 0, prop.split)
+        if m < ids.shape[1]:  # inputs the drafter never ran (the last draft token, tree siblings) go through [0, split)
+            rest_mask = None
+            if parents is not None:  # the first m nodes are a chain already in the shallow cache
+                if not torch.equal(parents[:m].cpu(), torch.arange(-1, m - 1)):
+                    raise ValueError("Proposal.hidden must cover a chain: the first nodes drafted in order")
+                rest_mask = tree_mask(parents, past)[:, :, m:]  # (1, 1, N+1-m, past+N+1)
+            rest = runner.layers_forward(runner.embed(ids[:, m:]), cache, positions[:, m:], 0, prop.split,
+                                         mask=rest_mask)
             h = torch.cat([h, rest], 1)
         split_h = h
-        h = runner.layers_forward(h, cache, positions, prop.split)
+        h = runner.layers_forward(h, cache, positions, prop.split, parents=parents)
     logits = runner.logits(h)[0]  # (N+1, V)
     sampler = state.sampler
     if prop.parents is None:

@@ -112,8 +112,9 @@ def _load_adapter(model, split: int, path: Path) -> KangarooAdapter:
 class KangarooDrafter(EarlyExitDrafter):
     name = "kangaroo"
 
-    def __init__(self, runner, adapter: KangarooAdapter, max_steps: int = 6, threshold: float | None = 0.6):
-        super().__init__(runner, adapter.split, max_steps, threshold)
+    def __init__(self, runner, adapter: KangarooAdapter, max_steps: int = 6, threshold: float | None = 0.6,
+                 branch: int = 1):
+        super().__init__(runner, adapter.split, max_steps, threshold, branch)
         self.adapter = adapter
         self.capture_layer = adapter.split
 
@@ -135,18 +136,23 @@ class KangarooDrafter(EarlyExitDrafter):
         return super().propose(state)
 
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
-        fed = outcome.proposal.hidden.shape[1]  # inputs whose layer-k state went through the adapter
-        keep = 1 + outcome.n_accepted  # pending + accepted drafts are now committed
-        self.cache.crop(self.adapter_base + min(fed, keep))
-        if keep > fed:  # all accepted: the last draft's state only exists from verification
-            self.todo = [outcome.split_hidden[:, fed:keep]]
+        fed = outcome.proposal.hidden.shape[1]  # inputs [pending, d1, ...] whose layer-k state went through the adapter
+        committed = [0] + [i + 1 for i in outcome.path]  # node indices (pending = 0) now in the target's cache
+        j = 0  # the adapter keeps the fed chain prefix that was committed
+        while j < min(fed, len(committed)) and committed[j] == j:
+            j += 1
+        self.cache.crop(self.adapter_base + j)
+        if j < len(committed):  # the last draft token (all accepted) or an accepted tree leaf: never fed
+            self.todo = [outcome.split_hidden[:, committed[j:]]]
 
 
 @register("kangaroo")
-def _kangaroo(model, tokenizer, split: int = 2, max_steps: int = 6, threshold: float | None = 0.6, adapter=None):
-    """Kangaroo: exit at layer `split`, adapter + shared head drafts, stop below top-1 prob `threshold`."""
+def _kangaroo(model, tokenizer, split: int = 2, max_steps: int = 6, threshold: float | None = 0.6, adapter=None,
+              branch: int = 1):
+    """Kangaroo: exit at layer `split`, adapter + shared head drafts, stop below top-1 prob `threshold`;
+    branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass)."""
     r = _runner(model)
     split = check_split(split, r.n_layers)
     if adapter is None or isinstance(adapter, (str, Path)):
         adapter = load_adapter(model, split, adapter)
-    return KangarooDrafter(r, adapter, max_steps, threshold)
+    return KangarooDrafter(r, adapter, max_steps, threshold, branch)

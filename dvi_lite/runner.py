@@ -85,11 +85,13 @@ class Runner:
 
     def layers_forward(self, h: torch.Tensor, cache: KVCache | None, positions: torch.Tensor,
                        start: int = 0, end: int | None = None, parents: torch.Tensor | None = None,
-                       skip: Skip | None = None) -> torch.Tensor:
+                       skip: Skip | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run layers [start, end) on h (1, n, D) at `positions` (1, n); append their KV to `cache`.
 
         parents: None = the n positions form a chain; else a tree (parents[i] < i, -1 = child of the
         cached prefix). The mask is built per distinct past length, since layers may differ there.
+        mask: an explicit (1, 1, n, past + n) mask for every layer run (the caller guarantees they all
+        hold `past` positions), e.g. the rows of a tree whose first nodes are already cached.
         """
         end = self.n_layers if end is None else end
         n = h.shape[1]
@@ -99,7 +101,9 @@ class Runner:
             layer = self.layers[i]
             if skip is None or i not in skip.attn:
                 past = cache.lens[i] if cache is not None else 0
-                if past not in masks:
+                if mask is not None:
+                    masks[past] = mask
+                elif past not in masks:
                     masks[past] = chain_mask(n, past, h.device) if parents is None else tree_mask(parents, past)
                 a, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe,
                                        attention_mask=masks[past], past_key_values=cache)

@@ -185,3 +185,25 @@ def deep_model() -> LlamaForCausalLM:
 
 
 DEEP_PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [5] * 9, [7, 3, 9, 11, 40, 2]]
+
+
+# ---------------------------------------------------------------- exact output law (sampling tests)
+
+PROMPT8 = [3, 4, 3]
+
+# N = 2000 samples per case (each generate call is ~5-8 ms here: 3000 would cost 20+ s per case on this
+# shared 2-core machine). Threshold 1e-3: seeds are fixed (seed=i), so each case is deterministic; a
+# lossy rule (e.g. accepting drafts without the ratio test) gives p-values below 1e-10 at this N.
+N_E2E = 2000
+
+
+@torch.no_grad()
+def exact_law_3(model, sampler, prompt=PROMPT8) -> torch.Tensor:
+    """P(t1, t2, t3 | prompt) under `sampler`, by enumeration with the HF model itself: (V, V, V)."""
+    v = model.config.vocab_size
+    seqs = torch.tensor([prompt + [a, b] for a in range(v) for b in range(v)])  # (V*V, T+2)
+    probs = sampler.probs(model(seqs).logits.double()).double()  # (V*V, T+2, V)
+    p1 = probs[0, len(prompt) - 1]  # (V,)
+    p2 = probs[::v, len(prompt)]  # (V, V): row a = P(t2 | t1 = a)
+    p3 = probs[:, len(prompt) + 1].reshape(v, v, v)  # P(t3 | t1, t2)
+    return p1[:, None, None] * p2[:, :, None] * p3

@@ -13,7 +13,8 @@ def model(deep_model):
 
 
 PROMPTS = DEEP_PROMPTS
-CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, max_steps=3), dict(split=2, threshold=0.9)]
+CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, max_steps=3), dict(split=2, threshold=0.9),
+           dict(split=1, branch=3), dict(split=2, threshold=0.3, branch=2)]
 
 
 @pytest.mark.parametrize("kw", CONFIGS)
@@ -28,14 +29,16 @@ def test_greedy_equals_ar(model, kw):
     assert any(a < 1 for a in alphas)  # rejections happened: the rollback path is exercised
 
 
-def test_shallow_layers_are_not_recomputed(model):
-    """Every position passes through every layer exactly once: drafting's shallow work is reused."""
+@pytest.mark.parametrize("branch", [1, 3])
+def test_shallow_layers_are_not_recomputed(model, branch):
+    """Every position passes through every layer exactly once: drafting's shallow work is reused
+    (for a tree: the chain's shallow states are reused, only the leaves run the shallow layers)."""
     seen = [0] * model.config.num_hidden_layers
     hooks = [layer.self_attn.register_forward_hook(lambda mod, a, kw, out, i=i: seen.__setitem__(i, seen[i] + kw["hidden_states"].shape[1]), with_kwargs=True)
              for i, layer in enumerate(model.model.layers)]
     try:
         out = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], method="early_exit", split=2, max_new_tokens=30,
-                                stop_at_eos=False, threshold=0.5)
+                                stop_at_eos=False, threshold=0.5, branch=branch)
     finally:
         for h in hooks:
             h.remove()

@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from conftest import StubTokenizer, chi2_pvalue, make_target, tiny_cfg
+from conftest import PROMPT8, N_E2E, StubTokenizer, chi2_pvalue, exact_law_3, make_target, tiny_cfg
 from dvi_lite import generate
 from dvi_lite.engine import Drafter, Proposal, Stats, StepStats, start, step
 from dvi_lite.methods import METHODS
@@ -180,25 +180,6 @@ def test_tree_drafter_greedy_equals_ar_and_cache_is_gathered(target, draft, prom
 
 # ---------------------------------------------------------------- end-to-end losslessness
 
-PROMPT8 = [3, 4, 3]
-
-
-@torch.no_grad()
-def _exact_law_3(model, sampler: Sampler) -> torch.Tensor:
-    """P(t1, t2, t3 | PROMPT8) under `sampler`, by enumeration with the HF model itself: (8, 8, 8)."""
-    v = model.config.vocab_size
-    seqs = torch.tensor([PROMPT8 + [a, b] for a in range(v) for b in range(v)])  # (64, 5)
-    probs = sampler.probs(model(seqs).logits.double()).double()  # (64, 5, V)
-    p1 = probs[0, len(PROMPT8) - 1]  # (V,)
-    p2 = probs[::v, len(PROMPT8)]  # (V, V): row a = P(t2 | t1 = a)
-    p3 = probs[:, len(PROMPT8) + 1].reshape(v, v, v)  # P(t3 | t1, t2)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-# N = 2000 samples per case (each generate call is ~5-8 ms here: 3000 would cost 20+ s per case on this
-# shared 2-core machine). Threshold 1e-3: seeds are fixed (seed=i), so each case is deterministic; a
-# lossy rule (e.g. accepting drafts without the ratio test) gives p-values below 1e-10 at this N.
-N_E2E = 2000
 
 
 @pytest.mark.parametrize("temperature, top_p, max_new", [
@@ -210,7 +191,7 @@ N_E2E = 2000
 ])
 def test_sps_sampling_is_lossless_end_to_end(target8, draft8, tok8, temperature, top_p, max_new):
     sampler = Sampler(temperature=temperature, top_p=top_p)
-    law = _exact_law_3(target8, sampler)
+    law = exact_law_3(target8, sampler)
     v = target8.config.vocab_size
     counts = torch.zeros(v, v, v)
     accepted = drafted = 0

@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer
+from conftest import DEEP_PROMPTS, N_E2E, PROMPT8, IdTokenizer, chi2_pvalue, exact_law_3
 from dvi_lite.engine import start, step
 from dvi_lite.kangaroo import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
 from dvi_lite.kvcache import KVCache
@@ -20,29 +20,29 @@ def model(deep_model):
 PROMPTS = DEEP_PROMPTS
 
 
-@pytest.mark.parametrize("split,threshold", [(1, None), (2, 0.6), (3, 0.95)])
-def test_greedy_equals_ar(model, split, threshold):
+@pytest.mark.parametrize("split,threshold,branch", [(1, None, 1), (2, 0.6, 1), (3, 0.95, 1), (1, None, 3), (2, 0.3, 2)])
+def test_greedy_equals_ar(model, split, threshold, branch):
     adapter = KangarooAdapter(model, split).eval()
     alphas = []
     for p in PROMPTS:
         ar = dvi_lite.generate(model, IdTokenizer(), p, max_new_tokens=40, stop_at_eos=False)
         kg = dvi_lite.generate(model, IdTokenizer(), p, method="kangaroo", split=split, adapter=adapter,
-                               threshold=threshold, max_new_tokens=40, stop_at_eos=False)
+                               threshold=threshold, branch=branch, max_new_tokens=40, stop_at_eos=False)
         assert kg.token_ids == ar.token_ids
         alphas.append(kg.stats.alpha)
     assert any(a < 1 for a in alphas)
 
 
-@pytest.mark.parametrize("greedy", [True, False])
-def test_adapter_cache_equals_fresh_computation(model, greedy):
-    """After any mix of accepts/rejects (incl. the all-accepted 'last draft token' case), the adapter's
-    cache + todo equal the adapter run once over every committed position."""
+@pytest.mark.parametrize("greedy,branch", [(True, 1), (False, 1), (True, 3), (False, 2)])
+def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
+    """After any mix of accepts/rejects (incl. the all-accepted 'last draft token' case and accepted
+    tree leaves), the adapter's cache + todo equal the adapter run once over every committed position."""
     split = 2
     adapter = KangarooAdapter(model, split).eval()
     runner = Runner(model)
-    drafter = KangarooDrafter(runner, adapter, max_steps=4, threshold=None)
+    drafter = KangarooDrafter(runner, adapter, max_steps=4, threshold=None, branch=branch)
     sampler = Sampler() if greedy else Sampler(temperature=1.0)
-    state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0))
+    state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0), max_draft=drafter.max_draft)
     all_accepted = False
     for _ in range(8):
         out, st = step(state, drafter)
@@ -65,6 +65,30 @@ def test_adapter_cache_equals_fresh_computation(model, greedy):
         torch.testing.assert_close(torch.cat(drafter.todo, 1), hk[:, n:], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("branch,threshold", [(1, None), (2, 0.3)])
+def test_sampling_is_lossless_end_to_end(target8, tok8, branch, threshold):
+    """Chain (rejection sampling with q) and tree (top-k point masses) drafts: output law = p's."""
+    from dvi_lite.sampling import Sampler as S
+
+    adapter = KangarooAdapter(target8, 1).eval()
+    sampler = S(temperature=1.0)
+    law = exact_law_3(target8, sampler)
+    v = target8.config.vocab_size
+    counts = torch.zeros(v, v, v)
+    accepted = drafted = 0
+    for i in range(N_E2E):
+        out = dvi_lite.generate(target8, tok8, PROMPT8, method="kangaroo", split=1, adapter=adapter, max_steps=3,
+                                threshold=threshold, branch=branch, max_new_tokens=4, temperature=1.0,
+                                stop_at_eos=False, seed=i)
+        a, b, c = out.token_ids[:3]
+        counts[a, b, c] += 1
+        accepted += sum(s.accepted for s in out.stats.steps)
+        drafted += sum(s.drafted for s in out.stats.steps)
+    assert 0 < accepted < drafted
+    assert chi2_pvalue(counts, law) > 1e-3
+    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+
+
 def test_missing_adapter_is_a_clear_error(model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no Kangaroo adapter"):
         load_adapter(model, 2, tmp_path / "none.pt")
@@ -79,7 +103,8 @@ def test_adapter_for_another_model_is_rejected(model, tmp_path):
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
-                                    (dict(split=2, threshold=0.0), "threshold"), (dict(split=2, threshold=1.2), "threshold")])
+                                    (dict(split=2, threshold=0.0), "threshold"), (dict(split=2, threshold=1.2), "threshold"),
+                                    (dict(split=2, branch=0), "branch")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(model, IdTokenizer(), [1, 2], method="kangaroo", adapter=KangarooAdapter(model, 2), **kw)
