@@ -27,6 +27,36 @@ from dvi_lite.models import load_model
 from dvi_lite.provenance import provenance
 
 
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'kangaroo:branch=2:threshold=0.4' -> ('kangaroo', {'branch': 2, 'threshold': 0.4}).
+
+    A method label may carry options after colons, so one run can compare variants of a method
+    (the label is the row name). Values are read as int, float, none/true/false, else string.
+    """
+    name, *parts = spec.split(":")
+    opts = {}
+    for part in parts:
+        key, eq, val = part.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--methods: option {part!r} in {spec!r} must look like key=value")
+        opts[key] = _value(val)
+    return name, opts
+
+
+def _value(v: str):
+    low = v.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
 def predicted_speedup(alpha: float, k: float, c: float) -> float:
     """(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)): Leviathan et al.'s expected speedup."""
     tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
@@ -84,12 +114,16 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
     for m, r in out.items():
         r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
         if ar and r["alpha"] is not None and r["draft_s_per_step"] is not None:
-            # c = draft time per draft token / target time per token (AR's time per token)
-            drafted_per_step = rounds[m][-1]["drafted"] / max(1, rounds[m][-1]["steps"])
+            # c = draft time per draft step / target time per token (AR's time per token); K = the draft's
+            # depth per step (= drafted tokens for a chain; a tree's extra leaves cost no draft step)
+            log = rounds[m][-1]["log"]
+            k = sum(d for d, _ in log) / max(1, len(log))
             t_target = 1.0 / ar["tokens_per_s"]
-            c = r["draft_s_per_step"] / max(drafted_per_step, 1e-9) / t_target
+            c = r["draft_s_per_step"] / max(k, 1e-9) / t_target
             r["c"] = c
-            r["predicted_speedup"] = predicted_speedup(r["alpha"], drafted_per_step, c)
+            r["draft_depth_per_step"] = k
+            r["drafted_per_step"] = rounds[m][-1]["drafted"] / max(1, rounds[m][-1]["steps"])
+            r["predicted_speedup"] = predicted_speedup(r["alpha"], k, c)
             r["measured_over_predicted"] = r["speedup_vs_ar"] / r["predicted_speedup"]
     return out
 
@@ -99,38 +133,47 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
           warmup: int = 1) -> dict:
     """Interleaved, warmed-up benchmark of `methods` on `prompts`; returns the JSON 'methods' dict."""
     options = options or {}
+    spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
     for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"--methods: unknown method {m!r}; registered: {', '.join(sorted(METHODS))}")
+        name, opts = parse_spec(m)
+        if name not in METHODS:
+            raise ValueError(f"--methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
+        spec[m] = (name, {**options.get(name, {}), **(options.get(m, {}) if m != name else {}), **opts})
     for m in methods:  # warm-up (also builds drafters' caches, loads draft models)
         for _ in range(warmup):
-            run_method(model, tok, prompts[:1], m, max_new_tokens, temperature, top_p, seed, options.get(m, {}))
+            run_method(model, tok, prompts[:1], *_args(spec[m], max_new_tokens, temperature, top_p, seed))
     rounds: dict[str, list[dict]] = {m: [] for m in methods}
     bar = tqdm(total=repeats * len(methods), desc="bench")
     for r in range(repeats):
         order = methods[r % len(methods):] + methods[: r % len(methods)]
         for m in order:
             bar.set_postfix(method=m, round=r)
-            rounds[m].append(run_method(model, tok, prompts, m, max_new_tokens, temperature, top_p, seed,
-                                        options.get(m, {})))
+            rounds[m].append(run_method(model, tok, prompts, *_args(spec[m], max_new_tokens, temperature, top_p, seed)))
             bar.update()
     bar.close()
     return summarise(rounds, len(prompts))
 
 
+def _args(spec: tuple[str, dict], max_new_tokens, temperature, top_p, seed) -> tuple:
+    name, opts = spec
+    return name, max_new_tokens, temperature, top_p, seed, opts
+
+
 def format_table(results: dict) -> str:
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = [f"{'method':<14}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'alpha':>7}{'c':>7}{'meas/pred':>10}",
-             "-" * 63]
+    w = max([14] + [len(m) + 2 for m in results])
+    lines = [f"{'method':<{w}}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'alpha':>7}{'c':>7}{'meas/pred':>10}",
+             "-" * (w + 49)]
     for m, r in results.items():
-        lines.append(f"{m:<14}{f(r['tokens_per_s'], 1):>9}{f(r['speedup_vs_ar']):>9}{f(r['tau']):>7}"
+        lines.append(f"{m:<{w}}{f(r['tokens_per_s'], 1):>9}{f(r['speedup_vs_ar']):>9}{f(r['tau']):>7}"
                      f"{f(r['alpha']):>7}{f(r.get('c')):>7}{f(r.get('measured_over_predicted')):>10}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dvi_lite.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", default="ar,hf", help=f"comma-separated, from: {', '.join(sorted(METHODS))}")
+    ap.add_argument("--methods", default="ar,hf", help="comma-separated, from: " + ", ".join(sorted(METHODS)) +
+                    "; options after colons, e.g. kangaroo:threshold=0.4:branch=2")
     ap.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default data/prompts/heldout.jsonl)")
     ap.add_argument("--n-prompts", type=int, default=20, help="use the first N prompts (spread over domains)")
     ap.add_argument("--model", default=None, help="local HF Llama-family checkpoint folder (default: course model)")
@@ -150,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if not methods:
             raise ValueError("--methods: give at least one method")
         for m in methods:
-            if m not in METHODS:
-                raise ValueError(f"--methods: unknown method {m!r}; registered: {', '.join(sorted(METHODS))}")
+            if parse_spec(m)[0] not in METHODS:
+                raise ValueError(f"--methods: unknown method {parse_spec(m)[0]!r}; registered: {', '.join(sorted(METHODS))}")
         for name in ("repeats", "max_new_tokens", "n_prompts", "k"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

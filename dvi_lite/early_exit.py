@@ -62,7 +62,7 @@ class EarlyExitDrafter(Drafter):
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
         r, cache = self.runner, state.cache
-        past = len(cache)
+        past = state.committed
         cache.crop(past, range(0, self.split))
         steps = max(1, min(self.max_steps, state.remaining - 1))
         tree = self.branch > 1

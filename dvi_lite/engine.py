@@ -160,6 +160,11 @@ class DecodeState:
         return self.tokens[-1]
 
     @property
+    def committed(self) -> int:
+        """Positions every layer of the target's cache holds for sure: all tokens but the pending one."""
+        return len(self.tokens) - 1
+
+    @property
     def remaining(self) -> int:
         return self.max_new_tokens - (len(self.tokens) - self.n_prompt)
 
@@ -181,7 +186,8 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     """One target forward over [pending] + proposal, verification, cache rollback to the accepted path."""
     runner, cache = state.runner, state.cache
     dev = state.device
-    past = len(cache)  # committed positions (the pending token is not in the cache yet)
+    past = state.committed  # committed positions (the pending token is not in the cache yet); not
+    # len(cache): a drafter may have written draft positions into every layer (Draft & Verify)
     ids = torch.tensor([[state.pending] + prop.tokens.tolist()], device=dev)  # (1, N+1)
     parents = None
     if prop.parents is not None:  # the pending token is the tree's root: shift node indices by one

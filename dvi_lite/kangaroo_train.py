@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from dvi_lite.early_exit import check_split
 from dvi_lite.kangaroo import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models import load_model
-from dvi_lite.provenance import provenance
+from dvi_lite.provenance import ROOT, provenance
 from dvi_lite.runner import Runner
 from dvi_lite.train import TrainConfig, batch, encode_split, lr_at
 
@@ -51,7 +51,7 @@ def distill_loss(adapter: KangarooAdapter, runner: Runner, x: torch.Tensor) -> t
 
 
 def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path | None = None,
-                  resume: bool = False, command: str = "") -> dict:
+                  resume: bool = False, command: str = "", ckpt_name: str | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     model, tok = load_model(model_path, dtype="float32")
     for p in model.parameters():
@@ -65,7 +65,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     gen = torch.Generator().manual_seed(cfg.seed)
     out = Path(out) if out is not None else adapter_path(cfg.split)
-    ckpt = Path("build/ckpt") / f"kangaroo_k{cfg.split}.pt"
+    ckpt = ROOT / "build" / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
         ck = torch.load(ckpt, weights_only=False)

@@ -67,8 +67,18 @@ def get_tokenizer(vocab_size: int = 8192) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
 
 
+_ENCODED: dict = {}  # (tokenizer path, vocab size, split, domain) -> stream: encode each split once per process
+
+
 def encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None = None) -> np.ndarray:
-    """One flat uint16 token stream, documents separated by EOS."""
+    """One flat uint16 token stream, documents separated by EOS (cached per process)."""
+    key = (tok.name_or_path, len(tok), split, domain)
+    if key not in _ENCODED:
+        _ENCODED[key] = _encode_split(tok, split, domain)
+    return _ENCODED[key]
+
+
+def _encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None) -> np.ndarray:
     eos = tok.convert_tokens_to_ids(EOS)
     ids: list[int] = []
     texts = [d.text for d in load_docs(split, domain)]

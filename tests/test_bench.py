@@ -61,3 +61,13 @@ def test_bench_json_shape(tmp_path, capsys):
         assert {"tokens_per_s", "speedup_vs_ar", "tau", "alpha", "n_prompts", "new_tokens"} <= set(r)
     assert body["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert body["methods"]["sps"]["tau"] is not None
+
+
+def test_parse_spec_reads_variant_options():
+    from dvi_lite.bench import parse_spec
+
+    assert parse_spec("kangaroo") == ("kangaroo", {})
+    assert parse_spec("kangaroo:branch=2:threshold=0.4:adapter=none") == (
+        "kangaroo", {"branch": 2, "threshold": 0.4, "adapter": None})
+    with pytest.raises(ValueError, match="key=value"):
+        parse_spec("kangaroo:branch")
