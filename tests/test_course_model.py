@@ -99,3 +99,25 @@ def test_generate_bad_inputs_course(course):
         other = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                                              num_attention_heads=2, intermediate_size=32))
         dvi_lite.generate(model, tok, "def f", method="sps", draft_model=other)
+
+
+SELF_SPEC = {
+    "kangaroo (chain)": ("kangaroo", {"split": 2}),
+    "kangaroo (tree)": ("kangaroo", {"split": 2, "branch": 3}),
+    "draft_verify": ("draft_verify", {"skip": {"attn": [3, 5, 7, 9], "mlp": [2, 4, 6, 8, 10]}}),
+}
+
+
+@pytest.mark.parametrize("label", list(SELF_SPEC))
+def test_self_speculative_greedy_equals_ar_100_prompts(course, ar_outputs, label):
+    """Kangaroo (committed adapter; chain and tree drafts) and Draft & Verify: first 32 tokens equal AR's."""
+    model, tok = course
+    method, opts = SELF_SPEC[label]
+    accepted = tested = 0
+    for p in spread(load_prompts(), 100):
+        out = dvi_lite.generate(model, tok, p["prompt"], method=method, max_new_tokens=32, **opts)
+        assert out.token_ids == ar_outputs[p["id"]][: len(out.token_ids)], (label, p["id"])
+        assert len(out.token_ids) == 32 or out.token_ids[-1] == tok.eos_token_id
+        accepted += sum(s.accepted for s in out.stats.steps)
+        tested += sum(s.accepted + (s.accepted < s.depth) for s in out.stats.steps)
+    assert 0 < accepted < tested
