@@ -32,6 +32,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
     A method label may carry options after colons, so one run can compare variants of a method
     (the label is the row name). Values are read as int, float, none/true/false, else string.
+    `label=...` only names a row ('draft_verify:label=uniform') and is not passed to the method.
     """
     name, *parts = spec.split(":")
     opts = {}
@@ -40,6 +41,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         if not eq or not key:
             raise ValueError(f"--methods: option {part!r} in {spec!r} must look like key=value")
         opts[key] = _value(val)
+    opts.pop("label", None)
     return name, opts
 
 

@@ -69,5 +69,6 @@ def test_parse_spec_reads_variant_options():
     assert parse_spec("kangaroo") == ("kangaroo", {})
     assert parse_spec("kangaroo:branch=2:threshold=0.4:adapter=none") == (
         "kangaroo", {"branch": 2, "threshold": 0.4, "adapter": None})
+    assert parse_spec("draft_verify:label=uniform") == ("draft_verify", {})
     with pytest.raises(ValueError, match="key=value"):
         parse_spec("kangaroo:branch")

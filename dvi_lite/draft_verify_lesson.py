@@ -1,0 +1,46 @@
+"""Chapter 03 helpers (Draft & Verify): what notebook 03 calls, so the notebook holds no algorithm."""
+from __future__ import annotations
+
+import torch
+
+from dvi_lite.draft_verify import DraftVerifyDrafter, time_per_token
+from dvi_lite.engine import decode
+from dvi_lite.methods import _runner
+from dvi_lite.runner import Skip
+from dvi_lite.sampling import Sampler, make_generator
+from dvi_lite.skip_search import AdaptiveThreshold, n_skipped, random_skips, skip_to_dict, uniform_skip
+
+
+def skip_matrix(skip: Skip, n_layers: int) -> list[list[int]]:
+    """2 x L grid for a layer diagram: row 0 attention, row 1 MLP; 1 = skipped while drafting."""
+    return [[int(i in skip.attn) for i in range(n_layers)], [int(i in skip.mlp) for i in range(n_layers)]]
+
+
+def random_baseline(model, tok, ratio: float, n: int, prompts: list[dict], max_new_tokens: int, seed: int = 0,
+                    progress: bool = True) -> list[dict]:
+    """The same objective on n random skip sets of the same ratio (the search's control)."""
+    from tqdm.auto import tqdm
+
+    n_layers = model.config.num_hidden_layers
+    rows = []
+    for s in tqdm(random_skips(n_layers, ratio, n, seed=seed + 1), desc="random skip sets", disable=not progress):
+        rows.append({"skip": skip_to_dict(s), "n_skipped": n_skipped(s),
+                     "value": time_per_token(model, tok, s, prompts, max_new_tokens)})
+    return rows
+
+
+def uniform_baseline(model, tok, ratio: float, prompts: list[dict], max_new_tokens: int) -> dict:
+    s = uniform_skip(model.config.num_hidden_layers, ratio)
+    return {"skip": skip_to_dict(s), "n_skipped": n_skipped(s), "value": time_per_token(model, tok, s, prompts, max_new_tokens)}
+
+
+@torch.no_grad()
+def gamma_trace(model, tok, prompt: str, skip: Skip, target_alpha: float, max_new_tokens: int = 256,
+                gamma0: float = 0.8, max_steps: int = 8, seed: int = 0) -> dict:
+    """One long greedy generation with adaptive draft-exiting: the AR and gamma traces per step."""
+    ctl = AdaptiveThreshold(target_alpha=target_alpha, gamma0=gamma0)
+    drafter = DraftVerifyDrafter(_runner(model), skip, max_steps, gamma0, ctl)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    _, stats = decode(_runner(model), drafter, ids, max_new_tokens, Sampler(), make_generator(seed), max_draft=max_steps)
+    return {"target_alpha": target_alpha, "ar": ctl.trace_ar, "gamma": ctl.trace_gamma,
+            "alpha": stats.alpha, "tau": stats.tau, "steps": len(stats.steps)}
