@@ -9,7 +9,7 @@ from dvi_lite.methods import METHODS, GenerationResult, generate, register
 from dvi_lite.models import load_draft_model, load_model
 from dvi_lite.sampling import Sampler
 
-from dvi_lite import draft_verify, dvi, early_exit, kangaroo, sps  # noqa: F401,E402  (register their methods)
+from dvi_lite import draft_verify, dvi, early_exit, kangaroo, medusa, sps  # noqa: F401,E402  (register their methods)
 
 __version__ = "0.1.0"
 __all__ = ["METHODS", "Drafter", "GenerationResult", "Outcome", "Proposal", "Sampler", "Stats", "decode",

@@ -78,7 +78,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tcfg)
-        x, _ = batch(data, tcfg, gen)
+        x = batch(data, tcfg, gen)[0].to(runner.device)
         loss = distill_loss(adapter, runner, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -94,7 +94,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
             last = time.time()
     adapter.eval()
     with torch.no_grad():
-        vx, _ = batch(val, tcfg, torch.Generator().manual_seed(1))
+        vx = batch(val, tcfg, torch.Generator().manual_seed(1))[0].to(runner.device)
         val_kl = distill_loss(adapter, runner, vx).item()
     card = {"split": cfg.split, "params": sum(p.numel() for p in adapter.parameters()), "val_kl": val_kl,
             "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len, "wall_time_s": time.time() - t0,

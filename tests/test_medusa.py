@@ -1,0 +1,399 @@
+"""Medusa heads and trees: lossless decoding (greedy and sampling), the head offset convention,
+candidate trees, save/load with clear errors, and a training loop that learns and resumes exactly."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+import dvi_lite
+from conftest import DEEP_PROMPTS, N_E2E, PROMPT8, IdTokenizer, chi2_pvalue, exact_law_3, tiny_cfg
+from dvi_lite.engine import start, step
+from dvi_lite.medusa import (CandidateTree, MedusaDrafter, MedusaHeads, best_first_paths, cartesian_paths,
+                             cartesian_tree, check_paths, entropy_thresholds, expected_accept_length, head_topk,
+                             load_heads, medusa_summary, pruned_tree, save_heads, sparse_tree, validate_tree_args)
+from dvi_lite.medusa_train import (MedusaTrainConfig, greedy_rollout, head_accuracy, main, sanity_check,
+                                   train_loop)
+from dvi_lite.runner import Runner
+from dvi_lite.sampling import Sampler, make_generator
+
+ACC3 = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies (3 heads x 3)
+
+
+def perturbed_heads(model, num_heads=3, seed=0, scale=0.3) -> MedusaHeads:
+    """Heads that are neither the identity nor noise: each drafts something between the model's next
+    token and a random guess, so trees get partly accepted."""
+    heads = MedusaHeads(model, num_heads).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g))
+    return heads
+
+
+@pytest.fixture(scope="module")
+def models(deep_model, target):
+    return {"deep_model": deep_model, "target": target}
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(models):
+    return {name: [dvi_lite.generate(m, IdTokenizer(), p, max_new_tokens=40, stop_at_eos=False).token_ids
+                   for p in DEEP_PROMPTS] for name, m in models.items()}
+
+
+CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, num_heads=2), dict(tree="pruned"),
+           dict(tree="pruned", threshold=0.2), dict(tree="pruned", threshold=0.05, prune="path", max_nodes=8),
+           dict(tree="pruned", threshold=0.3, prune="entropy"), dict(tree="sparse", branch=3, accuracies=ACC3, max_nodes=6),
+           dict(tree=[(0,), (1,), (0, 0), (0, 0, 0)], branch=2)]
+
+
+@pytest.mark.parametrize("name", ["deep_model", "target"])
+@pytest.mark.parametrize("kw", CONFIGS)
+def test_greedy_equals_ar(models, ar_outputs, name, kw):
+    model = models[name]
+    heads = perturbed_heads(model)
+    accepted = rejected = 0
+    for p, ar in zip(DEEP_PROMPTS, ar_outputs[name]):
+        md = dvi_lite.generate(model, IdTokenizer(), p, method="medusa", heads=heads, max_new_tokens=40,
+                               stop_at_eos=False, **kw)
+        assert md.token_ids == ar
+        accepted += sum(s.accepted for s in md.stats.steps)
+        rejected += sum(s.accepted < s.depth for s in md.stats.steps)
+    assert accepted > 0 and rejected > 0  # both the accepted-path cache keep and the rejection path ran
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_heads_read_the_state_that_predicted_the_pending_token(target, greedy):
+    """The offset convention, checked against a fresh forward: after prefill and after every step the
+    drafter holds the final pre-norm state of the last committed token, whose logits gave the pending one."""
+    runner = Runner(target)
+    drafter = MedusaDrafter(runner, perturbed_heads(target), top_k=2, tree="cartesian")
+    sampler = Sampler() if greedy else Sampler(temperature=1.0)
+    state = start(runner, drafter, DEEP_PROMPTS[0], 40, sampler, make_generator(0), max_draft=drafter.max_draft)
+    for _ in range(8):
+        committed = state.tokens[:-1]
+        with torch.no_grad():
+            _, h = runner.forward(torch.tensor([committed]), None)
+        torch.testing.assert_close(drafter.h[0, -1], h[0, -1], atol=1e-4, rtol=1e-4)
+        if greedy:
+            assert int(runner.logits(drafter.h)[0, -1].argmax()) == state.pending
+        step(state, drafter)
+    assert len(drafter.log) == 8
+
+
+@pytest.fixture(scope="module")
+def perm_model():
+    """A model whose greedy next token is (almost always) perm[current token]: tiny init, so the residual
+    stream is the token's embedding, and an untied LM head whose row perm[x] is embedding x. Head i must
+    then learn x_t -> perm^(i+2)[x_t], which a head can (and an untrained head, = perm[x_t], never is)."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(layers=2, init=0.02)
+    cfg.tie_word_embeddings = False
+    m = LlamaForCausalLM(cfg).float().eval()
+    perm = torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        m.lm_head.weight.zero_()
+        m.lm_head.weight[perm] = 30 * m.model.embed_tokens.weight
+    return m
+
+
+def greedy_sequences(model, n: int = 64, prompt_len: int = 4, new: int = 28, seed: int = 0) -> np.ndarray:
+    """The model's own greedy continuations of random prompts, (n, prompt_len + new): self-distillation data."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, model.config.vocab_size, (n, prompt_len), generator=g)
+    _, cont = greedy_rollout(Runner(model), x, new)
+    return torch.cat([x, cont], 1).numpy().astype(np.uint16)
+
+
+def test_self_distilled_heads_get_accepted(perm_model):
+    """Training (head i on h_t -> the model at t+1+i) and drafting (head i -> tree depth i) use the same
+    offset: heads distilled for 60 steps on the model's own greedy text get most of their drafts accepted,
+    untrained heads (= the model's next token, one position early) almost none."""
+    cfg = MedusaTrainConfig(heads=3, steps=60, batch_size=16, seq_len=32, lr=3e-2, warmup=5, seed=0)
+    heads = MedusaHeads(perm_model, 3)
+    log = train_loop(heads, Runner(perm_model), greedy_sequences(perm_model), cfg, progress=False)
+    assert log[-1]["loss"] < 0.2 * log[0]["loss"]
+    taus = {}
+    for name, h in (("trained", heads), ("untrained", MedusaHeads(perm_model, 3))):
+        steps = []
+        for p in [[3, 9, 27, 1], [60, 2, 33, 17], [11, 12, 13, 14]]:
+            out = dvi_lite.generate(perm_model, IdTokenizer(), p, method="medusa", heads=h, branch=2,
+                                    tree="cartesian", max_new_tokens=40, stop_at_eos=False)
+            steps += out.stats.steps
+        taus[name] = sum(s.accepted + 1 for s in steps) / len(steps)
+    assert taus["trained"] > 3.0 and taus["untrained"] < 1.3, taus
+
+
+@pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, num_heads=2)])
+def test_sampling_is_lossless_end_to_end(target8, tok8, kw):
+    """Deterministic top-k candidates verified as point masses (q = None): the output law is p's."""
+    heads = MedusaHeads(target8, 2).eval()  # identity start: each head drafts the model's next-token top-k
+    sampler = Sampler(temperature=1.0)
+    law = exact_law_3(target8, sampler)
+    v = target8.config.vocab_size
+    counts = torch.zeros(v, v, v)
+    accepted = drafted = 0
+    for i in range(N_E2E):
+        out = dvi_lite.generate(target8, tok8, PROMPT8, method="medusa", heads=heads, max_new_tokens=4,
+                                temperature=1.0, stop_at_eos=False, seed=i, **kw)
+        a, b, c = out.token_ids[:3]
+        counts[a, b, c] += 1
+        accepted += sum(s.accepted for s in out.stats.steps)
+        drafted += sum(s.drafted for s in out.stats.steps)
+    assert 0 < accepted < drafted
+    assert chi2_pvalue(counts, law) > 1e-3
+    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ heads
+
+def test_untrained_heads_copy_the_model_only_with_the_norm(deep_model):
+    """Gorgon's lesson as a test: with the frozen RMSNorm, W = 0 makes every head the model's own head."""
+    runner = Runner(deep_model)
+    ids = torch.tensor([DEEP_PROMPTS[3]])
+    with torch.no_grad():
+        logits, h = runner.forward(ids, None)
+        heads = MedusaHeads(deep_model, 3)
+        out = heads(h)  # (3, 1, T, V)
+        assert out.shape == (3, 1, ids.shape[1], deep_model.config.vocab_size)
+        for i in range(3):
+            torch.testing.assert_close(out[i], logits)
+        bare = MedusaHeads(deep_model, 3, norm=False)  # --no-norm constructs, and is not the model's head
+        assert bare.norm is None and not torch.allclose(bare(h)[0], logits, atol=1e-2)
+    assert all(not p.requires_grad for p in heads.norm.parameters())
+    assert all(p.requires_grad for p in heads.trainable_parameters())
+
+
+def test_shared_lm_head_is_not_saved_or_trained(deep_model):
+    heads = MedusaHeads(deep_model, 2, shared_lm_head=True)
+    assert not any("lm_head" in k for k in heads.state_dict())
+    d = deep_model.config.hidden_size
+    assert sum(p.numel() for p in heads.trainable_parameters()) == 2 * (d * d + d)
+    h = torch.randn(1, 3, d)
+    torch.testing.assert_close(heads(h)[1], heads.head(1, h))
+    heads.head(0, h).sum().backward()
+    assert deep_model.lm_head.weight.grad is None and heads.blocks[0].linear.weight.grad is not None
+
+
+def test_save_load_round_trip(deep_model, tmp_path):
+    heads = perturbed_heads(deep_model, 2)
+    heads.accuracies = [[0.5, 0.1], [0.3, 0.1]]
+    save_heads(heads, deep_model, tmp_path / "h.pt", card={"note": "test"})
+    loaded = load_heads(deep_model, tmp_path / "h.pt")
+    assert (tmp_path / "h.json").is_file()
+    assert loaded.num_heads == 2 and loaded.use_norm and loaded.accuracies == heads.accuracies
+    h = torch.randn(1, 4, deep_model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(h), heads(h), atol=0.05, rtol=0.01)  # saved in half precision
+    assert load_heads(deep_model, tmp_path / "h.pt") is loaded  # loaded once
+    out = dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="medusa", heads=str(tmp_path / "h.pt"),
+                            tree="sparse", branch=2, max_new_tokens=8, stop_at_eos=False)
+    assert len(out.token_ids) == 8
+
+
+def test_missing_heads_is_a_clear_error(deep_model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Medusa heads.*medusa_train"):
+        load_heads(deep_model, tmp_path / "none.pt")
+
+
+def test_heads_for_another_model_are_rejected(deep_model, tmp_path):
+    torch.manual_seed(1)
+    other = LlamaForCausalLM(deep_model.config).eval()
+    save_heads(MedusaHeads(other, 2), other, tmp_path / "o.pt")
+    with pytest.raises(ValueError, match="another model"):
+        load_heads(deep_model, tmp_path / "o.pt")
+    with pytest.raises(ValueError, match="another model"):
+        dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="medusa", heads=MedusaHeads(other, 2))
+
+
+# ------------------------------------------------------------------------------------------ trees
+
+def topk_lists(num_heads=3, k=3, vocab=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(num_heads, vocab, generator=g)
+    return head_topk(logits, k)
+
+
+def test_cartesian_tree_shape():
+    tokens, probs, _ = topk_lists(3, 3)
+    tree = cartesian_tree(tokens, probs, 3)
+    assert len(tree) == 3 + 9 + 27 and tree.depth == 3
+    par = tree.parents.tolist()
+    assert all(-1 <= p < i for i, p in enumerate(par))
+    for i, path in enumerate(tree.paths):
+        assert int(tree.tokens[i]) == int(tokens[len(path) - 1, path[-1]])
+        assert par[i] == (tree.paths.index(path[:-1]) if len(path) > 1 else -1)
+        assert math.isclose(float(tree.path_probs[i]), math.prod(float(probs[d, r]) for d, r in enumerate(path)),
+                            rel_tol=1e-5)
+    siblings = {}
+    for i, p in enumerate(par):
+        siblings.setdefault(p, []).append(int(tree.tokens[i]))
+    assert all(len(set(s)) == len(s) for s in siblings.values())  # distinct siblings (point masses need it)
+
+
+def _closed(paths):
+    s = set(paths)
+    return all(len(p) == 1 or p[:-1] in s for p in paths)
+
+
+@pytest.mark.parametrize("mode", ["confidence", "path", "entropy"])
+def test_pruning_is_monotone_and_gives_trees(mode):
+    tokens, probs, ent = topk_lists(3, 4, seed=1)
+    prev = None
+    for thr in [0.001, 0.01, 0.05, 0.1, 0.3, 0.6]:
+        tree = pruned_tree(tokens, probs, thr, mode, entropy=ent)
+        paths = set(tree.paths)
+        assert _closed(tree.paths) and tree.depth <= 3
+        if prev is not None:
+            assert paths <= prev  # a higher threshold keeps a subset
+        prev = paths
+    full = pruned_tree(tokens, probs, 0.001, mode, entropy=ent)
+    for n in [1, 3, 7, 20]:
+        top = pruned_tree(tokens, probs, 0.001, mode, max_nodes=n, entropy=ent)
+        assert len(top) == min(n, len(full)) and _closed(top.paths) and set(top.paths) <= set(full.paths)
+        kept = sorted(float(x) for x in top.path_probs)
+        dropped = [float(x) for p, x in zip(full.paths, full.path_probs) if p not in set(top.paths)]
+        assert not dropped or max(dropped) <= kept[0] + 1e-9  # the best nodes by path probability
+
+
+def test_entropy_thresholds_lower_the_bar_for_flat_heads():
+    thr = entropy_thresholds([0.1, 1.0, 3.0], 0.09)  # alpha = 0.3
+    assert thr[0] == pytest.approx(0.09) and thr[2] == pytest.approx(0.3 * math.exp(-3.0))
+    assert thr[0] >= thr[1] >= thr[2]
+
+
+def test_sparse_tree_maximises_expected_accepted_length():
+    for budget in [1, 2, 4, 6, 9]:
+        paths = sparse_tree(ACC3, budget)
+        assert len(paths) == budget and _closed(paths) and check_paths(paths, 3, 3) == paths
+        best = max(expected_accept_length(c, ACC3) for c in itertools.combinations(cartesian_paths(3, 3), budget)
+                   if _closed(list(c))) if budget <= 4 else None
+        if best is not None:
+            assert expected_accept_length(paths, ACC3) == pytest.approx(best)
+    values = [expected_accept_length(sparse_tree(ACC3, b), ACC3) for b in range(1, 15)]
+    assert values == sorted(values)
+    assert sparse_tree(ACC3, 3) == [(0,), (1,), (0, 0)]
+
+
+def test_best_first_keeps_ancestors_before_descendants():
+    paths = best_first_paths([[0.9, 0.05], [1.0, 0.0]], max_nodes=3)
+    assert paths == [(0,), (1,), (0, 0)]
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+@pytest.mark.parametrize("args,msg", [((0, 2), "num_heads"), ((2, 0), "top_k"), ((True, 2), "num_heads"),
+                                      ((2, 1.5), "top_k")])
+def test_validate_tree_args(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_tree_args(*args)
+
+
+@pytest.mark.parametrize("parents", [[0], [-2], [-1, 5], [-1, 1], [[-1, 0]], [-1.0]])
+def test_malformed_parents_are_rejected(parents):
+    par = torch.tensor(parents)
+    with pytest.raises(ValueError, match="parents"):
+        CandidateTree(torch.zeros(par.shape, dtype=torch.long), par)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(num_heads=0), "num_heads"), (dict(num_heads=4), "num_heads"),
+                                    (dict(branch=0), "branch"), (dict(branch=65), "top_k"),
+                                    (dict(tree="bogus"), "tree"), (dict(tree="cartesian", threshold=0.3), "threshold"),
+                                    (dict(tree="cartesian", max_nodes=4), "max_nodes"), (dict(threshold=0.0), "threshold"),
+                                    (dict(max_nodes=0), "max_nodes"), (dict(prune="nope"), "prune"),
+                                    (dict(tree="sparse"), "accuracies"), (dict(tree=[(1, 0)]), "parent"),
+                                    (dict(tree=[(0,), (0, 5)], branch=2), "rank"),
+                                    (dict(tree=[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]), "deeper"),
+                                    (dict(tree="cartesian", branch=20), "nodes"), (dict(heads=3), "heads")])
+def test_bad_options(deep_model, kw, msg):
+    kw = {"heads": MedusaHeads(deep_model, 3), **kw}
+    with pytest.raises(ValueError, match=msg):
+        dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="medusa", max_new_tokens=4, **kw)
+
+
+def test_tree_depth_respects_the_token_budget(deep_model):
+    """Near max_new_tokens the tree only reaches depths that can still be emitted."""
+    runner = Runner(deep_model)
+    drafter = MedusaDrafter(runner, perturbed_heads(deep_model), top_k=2, tree="cartesian")
+    state = start(runner, drafter, [1, 2, 3], 3, Sampler(), make_generator(0), max_draft=drafter.max_draft)
+    assert state.remaining == 2  # the pending token is the first of the 3: one draft + the bonus token left
+    assert drafter.propose(state).parents is not None and drafter._tree.depth == 1 and len(drafter._tree) == 2
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def test_training_reduces_the_loss_and_keeps_the_model_frozen(target):
+    torch.manual_seed(0)
+    data = torch.randint(64, (4000,)).numpy().astype(np.uint16)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    cfg = MedusaTrainConfig(heads=2, steps=30, batch_size=4, seq_len=16, lr=1e-2, warmup=3)
+    log = train_loop(MedusaHeads(target, 2), Runner(target), data, cfg, progress=False)
+    mean = lambda xs: sum(x["loss"] for x in xs) / len(xs)  # noqa: E731  (one batch is noisy)
+    assert mean(log[-5:]) < 0.8 * mean(log[:5])
+    assert log[-1]["lr"] >= cfg.lr * cfg.min_lr_frac * 0.999  # cosine to a floor, never to zero
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    assert all(p.grad is None for p in target.parameters())  # no gradient ever reached the model
+
+
+def test_resume_continues_exactly(deep_model, tmp_path):
+    data = torch.randint(64, (3000,), generator=torch.Generator().manual_seed(0)).numpy().astype(np.uint16)
+    cfg = MedusaTrainConfig(heads=2, steps=6, batch_size=2, seq_len=12, lr=1e-2, warmup=2, ckpt_every_s=1e9)
+    runner = Runner(deep_model)
+    whole = MedusaHeads(deep_model, 2)
+    log_whole = train_loop(whole, runner, data, cfg, progress=False)
+    part = MedusaHeads(deep_model, 2)
+    train_loop(part, runner, data, cfg, tmp_path / "c.pt", stop_after=3, progress=False)
+    resumed = MedusaHeads(deep_model, 2)
+    log_resumed = train_loop(resumed, runner, data, cfg, tmp_path / "c.pt", resume=True, progress=False)
+    assert [x["loss"] for x in log_resumed] == [x["loss"] for x in log_whole]
+    for k, v in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, atol=0, rtol=0)
+    other = MedusaTrainConfig(heads=2, steps=6, batch_size=2, seq_len=12, lr=1e-2, warmup=2, norm=False)
+    with pytest.raises(ValueError, match="delete it or drop --resume"):
+        train_loop(MedusaHeads(deep_model, 2, norm=False), runner, data, other, tmp_path / "c.pt", resume=True)
+
+
+def test_head_accuracy_and_sanity_check(perm_model):
+    data = greedy_sequences(perm_model, n=16).flatten()
+    heads = MedusaHeads(perm_model, 2)
+    acc = head_accuracy(perm_model, None, heads, n_windows=24, ctx=8, top_k=3, data=data, chunk=10)
+    assert acc["n"] == 24 and len(acc["heads_greedy"]) == 2 and np.shape(acc["rank_accuracy"]) == (2, 3)
+    assert acc["heads_vs_next"] == [1.0, 1.0]  # untrained heads = the model's own next-token prediction
+    assert acc["model_next"] > 0.7  # the data is the model's own greedy text (but for sequence boundaries)
+    assert max(acc["heads_greedy"]) < 0.2  # ... which is not the token after next
+    assert all(sum(r) <= 1 + 1e-6 for r in acc["rank_accuracy"])
+    res = sanity_check(perm_model, None, steps=4, num_heads=2, data=data, n_windows=8, ctx=8, top_k=2)
+    assert len(res["log"]) == 4 and set(res["before"]) == set(res["after"])
+
+
+def test_summary_matches_engine_stats(target):
+    runner = Runner(target)
+    drafter = MedusaDrafter(runner, perturbed_heads(target), top_k=2, tree="cartesian")
+    from dvi_lite.engine import decode
+    _, stats = decode(runner, drafter, DEEP_PROMPTS[1], 30, Sampler(), make_generator(0), max_draft=drafter.max_draft)
+    s = medusa_summary(drafter.log, 3, 2)
+    assert s["steps"] == len(stats.steps) and s["tau"] == pytest.approx(stats.tau)
+    assert s["head_acceptance_given_previous"][:2] == pytest.approx(stats.position_acceptance()[:2])
+    assert sum(s["rank_hits"][0]) == sum(st.accepted > 0 for st in stats.steps)
+
+
+def test_cli_builds_the_config(monkeypatch):
+    import dvi_lite.medusa_train as mt
+
+    seen = {}
+    monkeypatch.setattr(mt, "train_heads", lambda cfg, *a, **k: seen.update(cfg=cfg))
+    main(["--heads", "3", "--steps", "7", "--no-norm"])
+    cfg = seen["cfg"]
+    assert (cfg.heads, cfg.steps, cfg.norm) == (3, 7, False)
+    assert mt.default_out(cfg).name == "heads_nonorm.pt"  # the Gorgon variant never overwrites heads.pt
+    assert mt.default_out(mt.MedusaTrainConfig()).name == "heads.pt"
+
+
+def test_cli_rejects_bad_steps():
+    with pytest.raises(SystemExit):
+        main(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        main(["--heads", "0"])
