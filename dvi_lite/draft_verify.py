@@ -71,12 +71,13 @@ class DraftVerifyDrafter(Drafter):
             ids = torch.tensor([[tok]], device=state.device)
             pos = torch.tensor([[past + i]], device=state.device)
             h = r.layers_forward(r.embed(ids), cache, pos, skip=self.skip)  # (1, 1, D)
-            q = state.sampler.probs(r.logits(h)[0, -1])  # (V,)
+            logits = r.logits(h)[0, -1]  # (V,)
+            q = state.sampler.probs(logits)  # the law drafts are sampled from (one-hot when greedy)
             tok = int(q.argmax()) if state.sampler.greedy else int(torch.multinomial(q, 1, generator=state.gen))
             # stop on the draft's top-1 probability, never on the sampled token's own probability: keeping
             # x ~ q only when q(x) >= gamma would draft from q truncated, not q, and verification (which
             # divides by q) would no longer be lossless. Greedy: the same thing (x is the top-1).
-            if gamma is not None and i > 0 and float(q.max()) < gamma:
+            if gamma is not None and i > 0 and float(state.sampler.confidence(logits).max()) < gamma:
                 break  # the draft is unsure here: stop (at least one token is always drafted)
             tokens.append(tok)
             qs.append(q)

@@ -72,11 +72,12 @@ class EarlyExitDrafter(Drafter):
             h = r.layers_forward(r.embed(torch.tensor([[tok]], device=state.device)), cache, pos, 0, self.split)
             hs.append(h)
             logits = self.exit_logits(h)[0, -1]  # (V,)
-            q = state.sampler.probs(logits)
-            if self.threshold is not None and i > 0 and float(q.max()) < self.threshold:
+            q = state.sampler.probs(logits)  # the law drafts are sampled from (one-hot when greedy)
+            conf = state.sampler.confidence(logits)  # what the exit rule and the tree read (never one-hot)
+            if self.threshold is not None and i > 0 and float(conf.max()) < self.threshold:
                 break  # not confident: stop; h of its input d_i is kept (all inputs covered)
             if tree:  # top-1 continues the chain, the next branch-1 become leaves under the same parent
-                top = torch.topk(q, min(self.branch, int((q > 0).sum()))).indices.tolist()
+                top = torch.topk(conf, min(self.branch, int((conf > 0).sum()))).indices.tolist()
                 tok = top[0]
                 leaves += [(t, i - 1) for t in top[1:]]
             else:

@@ -18,13 +18,46 @@ def _f(x, p: int = 2) -> str:
     return "–" if x is None else f"{x:.{p}f}"
 
 
+def render_study(body: dict) -> list[str]:
+    """The study's table (notebook 06): every method, greedy and sampling, and the papers beside ours."""
+    study, mem = body["study"], body.get("memory", {})
+    names = [n for n in study if n != "greedy"]
+    prov = body.get("provenance", {})
+    s = body.get("settings", {})
+    out = [f"**The study (06_results)** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
+           f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × {s.get('max_new_tokens', '?')} tokens, "
+           "median of interleaved rounds\n",
+           "| method | tok/s | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
+           " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params |",
+           "|---|" + "---:|" * (12 + len(names))]
+    g = study["greedy"]
+    ar_dom = g.get("ar", {}).get("domains", {})
+    for m, r in g.items():
+        dom = r.get("domains", {})
+        dsp = [dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None for d in ("code", "prose")]
+        samp = " | ".join(_f(study[n].get(m, {}).get("speedup_vs_ar")) for n in names)
+        out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
+                   f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
+                   f"{_f(r.get('measured_over_predicted'))} | {_f(dsp[0])} | {_f(dsp[1])} | "
+                   f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} |")
+    out += ["", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
+    for p in body.get("papers", []):
+        gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"
+        out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | {gpu} | {p['why']} |")
+    out.append("")
+    return out
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
-    """Markdown tables, one per results file that has a "methods" block."""
+    """Markdown tables, one per results file that has a "methods" block (the study gets its full table)."""
     parts = []
     for f in sorted(results_dir.glob("*.json")):
         body = json.loads(f.read_text())
         methods = body.get("methods")
         if not methods:
+            continue
+        if "study" in body:
+            parts[:0] = render_study(body)  # the headline table goes first
             continue
         prov = body.get("provenance", {})
         s = body.get("settings", {})

@@ -30,6 +30,11 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        """What a drafter's stopping rule and top-k candidates read: probs(logits) when sampling, and
+        softmax(logits) at temperature 1 when greedy (probs() is then a one-hot: confidence always 1)."""
+        return logits.float().softmax(-1) if self.greedy else self.probs(logits)
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k, top-p."""
         if self.greedy:

@@ -128,3 +128,11 @@ def test_skip_sensitivity_rows(model):
     finally:
         dv.encode_split = orig
     assert len(rows) == 8 and all(0 <= r["agreement"] <= 1 for r in rows)
+
+
+def test_greedy_threshold_shortens_drafts(model):
+    kw = dict(method="draft_verify", skip=SKIPS[0], adaptive=False, max_steps=6, max_new_tokens=40, stop_at_eos=False)
+    loose = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=None, **kw)
+    strict = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=0.999, **kw)
+    mean = lambda r: sum(s.drafted for s in r.stats.steps) / len(r.stats.steps)  # noqa: E731
+    assert mean(strict) < mean(loose)

@@ -53,3 +53,12 @@ def test_shallow_layers_are_not_recomputed(model, branch):
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(model, IdTokenizer(), [1, 2], method="early_exit", **kw)
+
+
+def test_greedy_exit_rule_and_tree_read_the_draft_confidence(model):
+    """Greedy sampling's probs() is one-hot: the threshold and the tree must read softmax(logits) instead."""
+    kw = dict(method="early_exit", split=2, max_new_tokens=40, stop_at_eos=False, max_steps=6)
+    strict = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], threshold=0.999, **kw)
+    assert max(s.drafted for s in strict.stats.steps) < 6  # drafting stopped early at least once... always
+    tree = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], branch=3, **kw)
+    assert any(s.drafted > s.depth for s in tree.stats.steps)  # leaves were proposed
