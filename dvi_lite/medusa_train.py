@@ -280,10 +280,12 @@ def sanity_check(model, tok, steps: int = 100, num_heads: int = 4, norm: bool = 
 
 
 def default_out(cfg: MedusaTrainConfig) -> Path:
-    """data/medusa/heads.pt for the standard recipe; variants get their own file (never overwrite it)."""
-    if cfg.norm and not cfg.shared_lm_head:
+    """data/medusa/heads.pt for the course recipe (frozen norm + the model's shared LM head: at course
+    scale a trainable 8192 x 256 head copy per head would be 2.1M parameters each, and 4 of them drafting
+    cost more than a third of a forward); variants get their own file (never overwrite it)."""
+    if cfg.norm and cfg.shared_lm_head:
         return HEADS_PATH
-    return HEADS_DIR / ("heads" + ("" if cfg.norm else "_nonorm") + ("_shared" if cfg.shared_lm_head else "") + ".pt")
+    return HEADS_DIR / ("heads" + ("" if cfg.norm else "_nonorm") + ("" if cfg.shared_lm_head else "_ownhead") + ".pt")
 
 
 @torch.no_grad()

@@ -105,6 +105,7 @@ SELF_SPEC = {
     "kangaroo (chain)": ("kangaroo", {"split": 2}),
     "kangaroo (tree)": ("kangaroo", {"split": 2, "branch": 3}),
     "draft_verify": ("draft_verify", {"skip": {"attn": [3, 5, 7, 9], "mlp": [2, 4, 6, 8, 10]}}),
+    "medusa": ("medusa", {}),
 }
 
 

@@ -388,8 +388,9 @@ def test_cli_builds_the_config(monkeypatch):
     main(["--heads", "3", "--steps", "7", "--no-norm"])
     cfg = seen["cfg"]
     assert (cfg.heads, cfg.steps, cfg.norm) == (3, 7, False)
-    assert mt.default_out(cfg).name == "heads_nonorm.pt"  # the Gorgon variant never overwrites heads.pt
-    assert mt.default_out(mt.MedusaTrainConfig()).name == "heads.pt"
+    assert mt.default_out(cfg).name == "heads_nonorm_ownhead.pt"  # the Gorgon variant never overwrites heads.pt
+    assert mt.default_out(mt.MedusaTrainConfig(shared_lm_head=True)).name == "heads.pt"  # the course recipe
+    assert mt.default_out(mt.MedusaTrainConfig()).name == "heads_ownhead.pt"  # Medusa-1's own head copies
 
 
 def test_cli_rejects_bad_steps():
