@@ -44,7 +44,9 @@ test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs
 	@if [ ! -x /usr/bin/chromium ]; then \
 		apt-get update -q && apt-get install -y -q chromium; \
 	fi
-	$(PY) -m pytest -q -m browser tests/test_browser.py
+	@rc=0; DVI_BROWSER_REQUIRED=1 $(PY) -m pytest -q -rA -m browser tests/test_browser.py || rc=$$?; \
+	echo "make test-browser: took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc); screenshots in build/browser/"; \
+	exit $$rc
 
 reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
 	@rc=0; $(PY) -m dvi_lite.reproduce || rc=$$?; \
