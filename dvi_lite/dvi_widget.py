@@ -70,11 +70,17 @@ _TIPS = MappingProxyType({
 })
 
 
-def _log_range(lo: float, hi: float, value: float) -> tuple[float, float]:
-    """Exponents (base 10) of a log slider spanning [lo, hi] and `value` (so a config value is never clamped)."""
-    if math.isfinite(value) and value > 0:
-        lo, hi = min(lo, value), max(hi, value)
-    return math.log10(lo), math.log10(hi)
+def _log_range(lo: float, hi: float, value: float, step: float) -> tuple[float, float]:
+    """Exponents (base 10) of a log slider spanning [lo, hi] and `value` (so a config value is never clamped),
+    with the lower end shifted onto value's grid: the browser snaps a slider to min + n * step and sends the
+    snapped value back, so an off-grid start would silently change the config (lr 3e-3 -> 3.16e-3)."""
+    if not (math.isfinite(value) and value > 0):
+        return math.log10(lo), math.log10(hi)
+    lo, hi = min(lo, value), max(hi, value)
+    v = math.log10(value)
+    lo_e = v - step * math.ceil((v - math.log10(lo)) / step - 1e-9)
+    hi_e = v + step * math.ceil((math.log10(hi) - v) / step - 1e-9)
+    return lo_e, hi_e
 
 
 class LambdaWidget:
@@ -107,7 +113,7 @@ class LambdaWidget:
         self._stream: dict[str, tuple[list[float], list[float | None]]] = {n: ([], []) for n in ("lambda_used",) + STREAM_TRACES}
         c = self.cfg
         style = {"description_width": "initial"}
-        t_lo, t_hi = _log_range(5.0, 1000.0, c.tau)
+        t_lo, t_hi = _log_range(5.0, 1000.0, c.tau, 0.01)
         self.tau = widgets.FloatLogSlider(value=c.tau, base=10, min=t_lo, max=t_hi, step=0.01, description="tau",
                                           readout_format=".3g", style=style, tooltip=_TIPS["tau"])
         self.kl_floor = widgets.FloatSlider(value=c.kl_floor, min=0.0, max=1.0, step=0.01, description="KL floor",
@@ -117,7 +123,7 @@ class LambdaWidget:
                                              tooltip=_TIPS["ce_weight"])
         self.rl_variant = widgets.Dropdown(options=list(RL_VARIANTS[::-1]), value=c.rl_variant, description="RL variant",
                                            style=style, tooltip=_TIPS["rl_variant"])
-        l_lo, l_hi = _log_range(1e-4, 1e-1, c.lr)
+        l_lo, l_hi = _log_range(1e-4, 1e-1, c.lr, 0.05)
         self.lr = widgets.FloatLogSlider(value=c.lr, base=10, min=l_lo, max=l_hi, step=0.05, description="lr",
                                          readout_format=".1e", style=style, tooltip=_TIPS["lr"])
         self.steps = widgets.IntSlider(value=steps_per_click, min=1, max=max(200, steps_per_click), step=1,
