@@ -44,3 +44,18 @@ def gamma_trace(model, tok, prompt: str, skip: Skip, target_alpha: float, max_ne
     _, stats = decode(_runner(model), drafter, ids, max_new_tokens, Sampler(), make_generator(seed), max_draft=max_steps)
     return {"target_alpha": target_alpha, "ar": ctl.trace_ar, "gamma": ctl.trace_gamma,
             "alpha": stats.alpha, "tau": stats.tau, "steps": len(stats.steps)}
+
+
+def head_to_head(model, tok, skips: dict[str, Skip], prompts: list[dict], max_new_tokens: int, rounds: int = 3) -> dict:
+    """The search objective re-measured fairly: every skip set in each round, order rotated, median.
+
+    One timing per skip set (as in the search and the random baseline) is noisy and taken minutes apart;
+    interleaved rounds put the candidates under the same machine state."""
+    import statistics
+
+    labels = list(skips)
+    vals: dict[str, list[float]] = {k: [] for k in labels}
+    for r in range(rounds):
+        for k in labels[r % len(labels):] + labels[: r % len(labels)]:
+            vals[k].append(time_per_token(model, tok, skips[k], prompts, max_new_tokens))
+    return {k: {"median": statistics.median(v), "rounds": v} for k, v in vals.items()}
