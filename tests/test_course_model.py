@@ -106,6 +106,7 @@ SELF_SPEC = {
     "kangaroo (tree)": ("kangaroo", {"split": 2, "branch": 3}),
     "draft_verify": ("draft_verify", {"skip": {"attn": [3, 5, 7, 9], "mlp": [2, 4, 6, 8, 10]}}),
     "medusa": ("medusa", {}),
+    "dvi": ("dvi", {"split": 2}),  # the trained head of notebook 05 (data/dvi/policy.pt)
 }
 
 
