@@ -29,7 +29,7 @@ def render_study(body: dict) -> list[str]:
            "median of interleaved rounds\n",
            "| method | tok/s | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
            " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params |",
-           "|---|" + "---:|" * (12 + len(names))]
+           "|---|" + "---:|" * (11 + len(names))]
     g = study["greedy"]
     ar_dom = g.get("ar", {}).get("domains", {})
     for m, r in g.items():
