@@ -207,3 +207,28 @@ def exact_law_3(model, sampler, prompt=PROMPT8) -> torch.Tensor:
     p2 = probs[::v, len(prompt)]  # (V, V): row a = P(t2 | t1 = a)
     p3 = probs[:, len(prompt) + 1].reshape(v, v, v)  # P(t3 | t1, t2)
     return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def assert_lossless_sampling(model, tok, method: str, temperature: float = 1.0, top_p: float = 1.0,
+                             max_new_tokens: int = 4, n: int = N_E2E, **method_kwargs) -> None:
+    """The engine's distribution test: n seeded generations of `method` from PROMPT8; the first three
+    tokens' empirical law must match the exact law of the target (chi-square, p > 1e-3, jointly and
+    for the first token), and both acceptances and rejections must have happened."""
+    from dvi_lite import generate
+    from dvi_lite.sampling import Sampler
+
+    law = exact_law_3(model, Sampler(temperature=temperature, top_p=top_p))
+    v = model.config.vocab_size
+    counts = torch.zeros(v, v, v)
+    accepted = drafted = 0
+    for i in range(n):
+        out = generate(model, tok, PROMPT8, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_p=top_p, stop_at_eos=False, seed=i, **method_kwargs)
+        assert len(out.token_ids) == max_new_tokens
+        a, b, c = out.token_ids[:3]
+        counts[a, b, c] += 1
+        accepted += sum(s.accepted for s in out.stats.steps)
+        drafted += sum(s.drafted for s in out.stats.steps)
+    assert 0 < accepted < drafted  # acceptances and rejections both happened
+    assert chi2_pvalue(counts, law) > 1e-3
+    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3  # the first token alone (no pooling)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, N_E2E, PROMPT8, IdTokenizer, chi2_pvalue, exact_law_3
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 from dvi_lite.draft_verify import DraftVerifyDrafter, load_skip, resolve_skip, save_search, skip_sensitivity
 from dvi_lite.engine import start, step
 from dvi_lite.runner import Runner, Skip
@@ -56,22 +56,8 @@ def test_cache_holds_only_full_model_kv_after_each_step(model):
 
 
 def test_sampling_is_lossless_end_to_end(target8, tok8):
-    skip = Skip(mlp=frozenset({1}))
-    sampler = Sampler(temperature=1.0)
-    law = exact_law_3(target8, sampler)
-    v = target8.config.vocab_size
-    counts = torch.zeros(v, v, v)
-    accepted = drafted = 0
-    for i in range(N_E2E):
-        out = dvi_lite.generate(target8, tok8, PROMPT8, method="draft_verify", skip=skip, threshold=0.3, adaptive=False,
-                                max_steps=3, max_new_tokens=4, temperature=1.0, stop_at_eos=False, seed=i)
-        a, b, c = out.token_ids[:3]
-        counts[a, b, c] += 1
-        accepted += sum(s.accepted for s in out.stats.steps)
-        drafted += sum(s.drafted for s in out.stats.steps)
-    assert 0 < accepted < drafted
-    assert chi2_pvalue(counts, law) > 1e-3
-    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+    assert_lossless_sampling(target8, tok8, "draft_verify", skip=Skip(mlp=frozenset({1})), threshold=0.3,
+                             adaptive=False, max_steps=3)
 
 
 def test_adaptive_gamma_moves_towards_target(model):

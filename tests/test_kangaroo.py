@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, N_E2E, PROMPT8, IdTokenizer, chi2_pvalue, exact_law_3
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 from dvi_lite.engine import start, step
 from dvi_lite.kangaroo import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
 from dvi_lite.kvcache import KVCache
@@ -68,25 +68,8 @@ def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
 @pytest.mark.parametrize("branch,threshold", [(1, None), (2, 0.3)])
 def test_sampling_is_lossless_end_to_end(target8, tok8, branch, threshold):
     """Chain (rejection sampling with q) and tree (top-k point masses) drafts: output law = p's."""
-    from dvi_lite.sampling import Sampler as S
-
-    adapter = KangarooAdapter(target8, 1).eval()
-    sampler = S(temperature=1.0)
-    law = exact_law_3(target8, sampler)
-    v = target8.config.vocab_size
-    counts = torch.zeros(v, v, v)
-    accepted = drafted = 0
-    for i in range(N_E2E):
-        out = dvi_lite.generate(target8, tok8, PROMPT8, method="kangaroo", split=1, adapter=adapter, max_steps=3,
-                                threshold=threshold, branch=branch, max_new_tokens=4, temperature=1.0,
-                                stop_at_eos=False, seed=i)
-        a, b, c = out.token_ids[:3]
-        counts[a, b, c] += 1
-        accepted += sum(s.accepted for s in out.stats.steps)
-        drafted += sum(s.drafted for s in out.stats.steps)
-    assert 0 < accepted < drafted
-    assert chi2_pvalue(counts, law) > 1e-3
-    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+    assert_lossless_sampling(target8, tok8, "kangaroo", split=1, adapter=KangarooAdapter(target8, 1).eval(),
+                             max_steps=3, threshold=threshold, branch=branch)
 
 
 def test_missing_adapter_is_a_clear_error(model, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, N_E2E, PROMPT8, IdTokenizer, chi2_pvalue, exact_law_3, tiny_cfg
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
 from dvi_lite.engine import start, step
 from dvi_lite.medusa import (CandidateTree, MedusaDrafter, MedusaHeads, best_first_paths, cartesian_paths,
                              cartesian_tree, check_paths, entropy_thresholds, expected_accept_length, head_topk,
@@ -131,21 +131,7 @@ def test_self_distilled_heads_get_accepted(perm_model):
 def test_sampling_is_lossless_end_to_end(target8, tok8, kw):
     """Deterministic top-k candidates verified as point masses (q = None): the output law is p's."""
     heads = MedusaHeads(target8, 2).eval()  # identity start: each head drafts the model's next-token top-k
-    sampler = Sampler(temperature=1.0)
-    law = exact_law_3(target8, sampler)
-    v = target8.config.vocab_size
-    counts = torch.zeros(v, v, v)
-    accepted = drafted = 0
-    for i in range(N_E2E):
-        out = dvi_lite.generate(target8, tok8, PROMPT8, method="medusa", heads=heads, max_new_tokens=4,
-                                temperature=1.0, stop_at_eos=False, seed=i, **kw)
-        a, b, c = out.token_ids[:3]
-        counts[a, b, c] += 1
-        accepted += sum(s.accepted for s in out.stats.steps)
-        drafted += sum(s.drafted for s in out.stats.steps)
-    assert 0 < accepted < drafted
-    assert chi2_pvalue(counts, law) > 1e-3
-    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+    assert_lossless_sampling(target8, tok8, "medusa", heads=heads, **kw)
 
 
 # ------------------------------------------------------------------------------------------ heads
