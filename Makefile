@@ -49,7 +49,7 @@ test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs
 	exit $$rc
 
 reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
-	@rc=0; $(PY) -m dvi_lite.reproduce || rc=$$?; \
+	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite.reproduce || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
 

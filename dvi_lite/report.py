@@ -48,16 +48,33 @@ def render_study(body: dict) -> list[str]:
     return out
 
 
+def render_timings(body: dict) -> list[str]:
+    """One table: how long `make reproduce` took, per notebook and in all (results/reproduce.json)."""
+    prov, nbs = body.get("provenance", {}), body["notebooks_s"]
+    setup = body.get("setup_s")
+    out = [f"**`{prov.get('command', 'make reproduce')}` wall time** · {prov.get('device', '?')} · commit "
+           f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')}\n",
+           "| " + " | ".join(["setup", *(n.split(".")[0] for n in nbs), "total"]) + " |",
+           "|" + "---:|" * (len(nbs) + 2),
+           "| " + " | ".join([_f(None if setup is None else setup / 60, 1), *(_f(v / 60, 1) for v in nbs.values()),
+                             _f(body["total_s"] / 60, 1)]) + " |",
+           "", "(minutes; setup = creating `.venv` and installing, as a fresh clone pays it)", ""]
+    return out
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
     """Markdown tables, one per results file that has a "methods" block (the study gets its full table)."""
-    parts = []
+    study, timings, parts = [], [], []
     for f in sorted(results_dir.glob("*.json")):
         body = json.loads(f.read_text())
+        if "notebooks_s" in body:
+            timings = render_timings(body)
+            continue
         methods = body.get("methods")
         if not methods:
             continue
         if "study" in body:
-            parts[:0] = render_study(body)  # the headline table goes first
+            study = render_study(body)  # the headline table goes first, then how long the run took
             continue
         prov = body.get("provenance", {})
         s = body.get("settings", {})
@@ -68,9 +85,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
             parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | "
                          f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
         parts.append("")
-    if not parts:
+    if not (study or timings or parts):
         return "_No full-run results yet: run `make reproduce`._\n"
-    return "\n".join(parts)
+    return "\n".join(study + timings + parts)
 
 
 def section(text: str) -> str:

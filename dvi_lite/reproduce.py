@@ -6,6 +6,7 @@ Full-mode notebooks write results/*.json and figures/*; executed copies stay in 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,22 @@ def run_notebook(nb: Path, smoke: bool, parameters: dict | None = None) -> float
     return time.time() - t0
 
 
+def write_timings(times: dict[str, float], total_s: float, smoke: bool, command: str) -> Path:
+    """results/reproduce.json: the measured wall time of each notebook and of the whole run.
+
+    `make` exports DVI_MAKE_START (its own start, epoch seconds), so the total includes the `.venv`
+    setup a fresh clone pays; run directly, the total is the notebooks alone.
+    """
+    from dvi_lite.provenance import write_result
+
+    start = os.environ.get("DVI_MAKE_START")
+    setup_s = max(0.0, time.time() - total_s - float(start)) if start else None
+    payload = {"notebooks_s": {k: round(v, 1) for k, v in times.items()}, "notebooks_total_s": round(total_s, 1),
+               "setup_s": None if setup_s is None else round(setup_s, 1),
+               "total_s": round(total_s + (setup_s or 0.0), 1), "mode": "smoke" if smoke else "full"}
+    return write_result("reproduce", payload, command=command, smoke=smoke)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dvi_lite.reproduce", description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CI-sized run (results go to build/, not results/)")
@@ -52,13 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(nbs)}] {nb.name} ({'smoke' if args.smoke else 'full'})", flush=True)
         times[nb.name] = run_notebook(nb, args.smoke, params)
         print(f"    done in {times[nb.name] / 60:.1f} min", flush=True)
+    total = time.time() - t0
+    if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
+        cmd = "make reproduce" if os.environ.get("DVI_MAKE_START") else "python -m dvi_lite.reproduce " + " ".join(argv or sys.argv[1:])
+        print(f"timings written to {write_timings(times, total, args.smoke, cmd.strip())}")
     if not args.smoke and not args.model:
         from dvi_lite.report import update_readme
 
         update_readme()
         print("README results section regenerated from results/*.json")
     print("timings: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items()) +
-          f" | total {(time.time() - t0) / 60:.1f} min")
+          f" | total {total / 60:.1f} min")
     return 0
 
 

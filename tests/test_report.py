@@ -10,3 +10,22 @@ def test_readme_results_match_json():
 def test_readme_names_the_two_commands():
     text = report.README.read_text()
     assert "make reproduce" in text and "make test" in text
+
+
+def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
+    """`make reproduce` records its own wall time (setup included) and the README shows it."""
+    import json
+    import time
+
+    from dvi_lite import provenance, reproduce
+
+    monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    monkeypatch.setenv("DVI_MAKE_START", str(time.time() - 100.0))
+    path = reproduce.write_timings({"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}, 90.0, smoke=True, command="make reproduce")
+    body = json.loads(path.read_text())
+    assert body["mode"] == "smoke" and body["notebooks_s"] == {"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}
+    assert 9.0 <= body["setup_s"] <= 12.0 and abs(body["total_s"] - body["setup_s"] - 90.0) < 0.2
+    (tmp_path / "reproduce.json").write_text(path.read_text())
+    text = report.render(tmp_path)
+    assert "| setup | 00_a | 01_b | total |" in text and "| 0.5 | 1.0 |" in text
