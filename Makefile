@@ -35,8 +35,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
 	touch $@
 
-test: setup ## Run the test suite (browser tests excluded) with a timing summary
-	@rc=0; $(PY) -m pytest -q -x --durations=15 || rc=$$?; \
+# One pytest worker per core (pytest-xdist), each on one thread: the tiny models are overhead bound, so
+# two single-threaded workers finish far sooner than one two-threaded process. A test file stays on
+# one worker (--dist loadfile) so its module fixtures (the course model's AR outputs) are built once.
+test: setup ## Run the test suite (browser tests excluded) on every core, with a timing summary
+	@rc=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -x -n auto --dist loadfile --durations=15 || rc=$$?; \
 	echo "make test: setup + tests took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc)"; \
 	exit $$rc
 

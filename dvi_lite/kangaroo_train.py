@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dvi_lite.cli import command_line, require_positive, run_or_usage_error
 from dvi_lite.early_exit import check_split
 from dvi_lite.kangaroo import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models import load_model
@@ -105,8 +106,6 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m dvi_lite.kangaroo_train", description=__doc__.splitlines()[0])
     ap.add_argument("--split", type=int, default=2, help="exit layer k")
     ap.add_argument("--steps", type=int, default=AdapterConfig.steps)
@@ -114,14 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="adapter file (default data/kangaroo/adapter_k<split>.pt)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
-    if args.steps < 1:
-        ap.error(f"--steps must be >= 1, got {args.steps}")
+    require_positive(ap, args, "steps")
     cfg = AdapterConfig(split=args.split, steps=args.steps)
-    try:
-        train_adapter(cfg, args.model, args.out, args.resume,
-                      "python -m dvi_lite.kangaroo_train " + " ".join(sys.argv[1:] if argv is None else argv))
-    except (ValueError, FileNotFoundError) as e:
-        ap.error(str(e))
+    run_or_usage_error(ap, train_adapter, cfg, args.model, args.out, args.resume,
+                       command_line("dvi_lite.kangaroo_train", argv))
 
 
 if __name__ == "__main__":

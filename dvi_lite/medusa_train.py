@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from dvi_lite.cli import command_line, require_positive, run_or_usage_error
 from dvi_lite.medusa import HEADS_DIR, HEADS_PATH, MedusaHeads, save_heads
 from dvi_lite.models import load_model
 from dvi_lite.provenance import ROOT, provenance
@@ -332,8 +333,6 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m dvi_lite.medusa_train", description=__doc__.splitlines()[0])
     d = MedusaTrainConfig()
     ap.add_argument("--heads", type=int, default=d.heads, help="number of heads")
@@ -348,17 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="heads file (default data/medusa/heads.pt, variants beside it)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
-    if args.steps < 1:
-        ap.error(f"--steps must be >= 1, got {args.steps}")
-    if args.heads < 1:
-        ap.error(f"--heads must be >= 1, got {args.heads}")
+    require_positive(ap, args, "steps", "heads")
     cfg = MedusaTrainConfig(heads=args.heads, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                             lr=args.lr, loss=args.loss, norm=not args.no_norm, shared_lm_head=args.shared_lm_head)
-    try:
-        train_heads(cfg, args.model, args.out, args.resume,
-                    "python -m dvi_lite.medusa_train " + " ".join(sys.argv[1:] if argv is None else argv))
-    except (ValueError, FileNotFoundError) as e:
-        ap.error(str(e))
+    run_or_usage_error(ap, train_heads, cfg, args.model, args.out, args.resume,
+                       command_line("dvi_lite.medusa_train", argv))
 
 
 if __name__ == "__main__":

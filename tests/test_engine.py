@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from conftest import PROMPT8, N_E2E, StubTokenizer, chi2_pvalue, exact_law_3, make_target, tiny_cfg
+from conftest import StubTokenizer, assert_lossless_sampling, make_target, tiny_cfg
 from dvi_lite import generate
 from dvi_lite.engine import Drafter, Proposal, Stats, StepStats, start, step
 from dvi_lite.methods import METHODS
@@ -190,23 +190,8 @@ def test_tree_drafter_greedy_equals_ar_and_cache_is_gathered(target, draft, prom
     (1.0, 0.9, 3),
 ])
 def test_sps_sampling_is_lossless_end_to_end(target8, draft8, tok8, temperature, top_p, max_new):
-    sampler = Sampler(temperature=temperature, top_p=top_p)
-    law = exact_law_3(target8, sampler)
-    v = target8.config.vocab_size
-    counts = torch.zeros(v, v, v)
-    accepted = drafted = 0
-    for i in range(N_E2E):
-        out = generate(target8, tok8, PROMPT8, method="sps", draft_model=draft8, k=2, max_new_tokens=max_new,
-                       temperature=temperature, top_p=top_p, stop_at_eos=False, seed=i)
-        assert len(out.token_ids) == max_new
-        a, b, c = out.token_ids[:3]
-        counts[a, b, c] += 1
-        accepted += sum(s.accepted for s in out.stats.steps)
-        drafted += sum(s.drafted for s in out.stats.steps)
-    assert 0 < accepted < drafted  # acceptances and rejections both happened
-    assert chi2_pvalue(counts, law) > 1e-3
-    # the marginal of the first token alone (no pooling needed)
-    assert chi2_pvalue(counts.sum((1, 2)), law.sum((1, 2))) > 1e-3
+    assert_lossless_sampling(target8, tok8, "sps", temperature=temperature, top_p=top_p, max_new_tokens=max_new,
+                             draft_model=draft8, k=2)
 
 
 def test_sampling_is_reproducible_with_a_seed(target, draft, tok, prompts):

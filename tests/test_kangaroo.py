@@ -111,3 +111,12 @@ def test_distillation_reduces_kl(model):
     assert loss.item() < 0.7 * first
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the target stays frozen
     model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("argv, msg", [(["--steps", "0"], "--steps must be >= 1"), (["--split", "99"], "split")])
+def test_train_cli_bad_inputs_are_usage_errors(argv, msg, capsys, tmp_path):
+    from dvi_lite.kangaroo_train import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(tmp_path / "a.pt")])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
