@@ -67,9 +67,13 @@ def predicted_speedup(alpha: float, k: float, c: float) -> float:
 
 def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int, temperature: float,
                top_p: float, seed: int, options: dict) -> dict:
-    """All prompts once; sums of tokens, time and engine counters (per domain too)."""
+    """All prompts once; sums of tokens, time and engine counters (per domain too), and on CUDA the peak
+    memory the allocator held while this method ran (weights, draft models, KV cache, activations)."""
     agg = {"new_tokens": 0, "time_s": 0.0, "steps": 0, "accepted": 0, "drafted": 0, "log": [],
-           "draft_s": 0.0, "verify_s": 0.0, "domains": {}, "outputs": []}
+           "draft_s": 0.0, "verify_s": 0.0, "domains": {}, "outputs": [], "peak_mem_bytes": None}
+    dev = next(model.parameters()).device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     for i, rec in enumerate(prompts):
         res = generate(model, tok, rec["prompt"], method=method, max_new_tokens=max_new_tokens,
                        temperature=temperature, top_p=top_p, seed=seed + i, **options)
@@ -86,6 +90,8 @@ def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int
         d["new_tokens"] += s.new_tokens
         d["time_s"] += s.total_s
         agg["outputs"].append(res.token_ids)
+    if dev.type == "cuda":  # CPU tensors have no allocator counter: study.memory's accounting stands in
+        agg["peak_mem_bytes"] = torch.cuda.max_memory_allocated(dev)
     return agg
 
 
@@ -111,6 +117,7 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
             "position_acceptance": position_acceptance(last["log"]),
             "draft_s_per_step": last["draft_s"] / steps if steps else None,
             "verify_s_per_step": last["verify_s"] / steps if steps else None,
+            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in rs if r.get("peak_mem_bytes") is not None), default=None),
         }
     ar = out.get("ar")
     for m, r in out.items():

@@ -18,9 +18,19 @@ def _f(x, p: int = 2) -> str:
     return "–" if x is None else f"{x:.{p}f}"
 
 
+def _mb(n: int | None) -> float | None:
+    return None if n is None else n / 2**20
+
+
+def _held_mb(m: dict | None) -> float | None:
+    return None if not m else _mb(m["target_bytes"] + m["extra_bytes"] + m["kv_bytes"])
+
+
 def render_study(body: dict) -> list[str]:
     """The study's table (notebook 06): every method, greedy and sampling, and the papers beside ours."""
     study, mem = body["study"], body.get("memory", {})
+    # held = weights + extra parameters + KV cache (an accounting, comparable on CPU); peak = measured (CUDA)
+    peak = int(any(r.get("peak_mem_bytes") is not None for r in study["greedy"].values()))
     names = [n for n in study if n != "greedy"]
     prov = body.get("provenance", {})
     s = body.get("settings", {})
@@ -28,8 +38,9 @@ def render_study(body: dict) -> list[str]:
            f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × {s.get('max_new_tokens', '?')} tokens, "
            "median of interleaved rounds\n",
            "| method | tok/s | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
-           " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params |",
-           "|---|" + "---:|" * (11 + len(names))]
+           " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params | held MB |"
+           + (" peak MB |" if peak else ""),
+           "|---|" + "---:|" * (12 + len(names) + peak)]
     g = study["greedy"]
     ar_dom = g.get("ar", {}).get("domains", {})
     for m, r in g.items():
@@ -39,7 +50,8 @@ def render_study(body: dict) -> list[str]:
         out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
                    f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
                    f"{_f(r.get('measured_over_predicted'))} | {_f(dsp[0])} | {_f(dsp[1])} | "
-                   f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} |")
+                   f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} | "
+                   f"{_f(_held_mb(mem.get(m)), 1)} |" + (f" {_f(_mb(r.get('peak_mem_bytes')), 1)} |" if peak else ""))
     out += ["", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
     for p in body.get("papers", []):
         gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"

@@ -85,8 +85,9 @@ def kv_bytes(model, positions: int) -> int:
 def memory(model, method: str, options: dict, positions: int) -> dict:
     """Memory a method holds: the target's weights + its extra parameters + the KV cache (bytes).
 
-    On CUDA, `run_study` also records torch.cuda.max_memory_allocated per method; on CPU there is no
-    allocator counter for torch tensors, so this accounting is the comparable number.
+    On CUDA, `bench` also measures each method's peak (torch.cuda.max_memory_allocated, reset before
+    every method's run: "peak_mem_bytes"); on CPU there is no allocator counter for torch tensors, so
+    this accounting is the comparable number there.
     """
     el = next(model.parameters()).element_size()
     extra = extra_params(model, method, options)
@@ -101,8 +102,6 @@ def run_study(model, tok, prompts: list[dict], methods: list[str], settings: lis
     out = {}
     for s in settings:
         ms = [m for m in methods if s["temperature"] == 0 or m not in s.get("greedy_only", ())]
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
         out[s["name"]] = bench(model, tok, prompts, ms, max_new_tokens, s.get("repeats", repeats),
                                s["temperature"], s.get("top_p", 1.0), seed, options)
     return out

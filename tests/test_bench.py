@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from dvi_lite import bench
 
@@ -61,6 +62,9 @@ def test_bench_json_shape(tmp_path, capsys):
         assert {"tokens_per_s", "speedup_vs_ar", "tau", "alpha", "n_prompts", "new_tokens"} <= set(r)
     assert body["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert body["methods"]["sps"]["tau"] is not None
+    # peak memory is an allocator measurement on CUDA only; on CPU it is absent, never a made-up number
+    expected_peak = torch.cuda.is_available()
+    assert all((r["peak_mem_bytes"] is not None) == expected_peak for r in body["methods"].values())
 
 
 def test_parse_spec_reads_variant_options():

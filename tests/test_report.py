@@ -29,3 +29,13 @@ def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     (tmp_path / "reproduce.json").write_text(path.read_text())
     text = report.render(tmp_path)
     assert "| setup | 00_a | 01_b | total |" in text and "| 0.5 | 1.0 |" in text
+
+
+def test_study_table_shows_held_memory_and_a_measured_peak_only_when_there_is_one():
+    mem = {"target_bytes": 2**20, "extra_bytes": 2**20, "kv_bytes": 2**19, "extra_params": 5}
+    body = {"study": {"greedy": {"ar": {"tokens_per_s": 10.0, "speedup_vs_ar": 1.0}}}, "memory": {"ar": mem}}
+    text = "\n".join(report.render_study(body))
+    assert "held MB" in text and "| 5 | 2.5 |" in text and "peak MB" not in text
+    body["study"]["greedy"]["ar"]["peak_mem_bytes"] = 3 * 2**20  # a CUDA run measured one
+    text = "\n".join(report.render_study(body))
+    assert "| held MB | peak MB |" in text and "| 5 | 2.5 | 3.0 |" in text
