@@ -18,6 +18,11 @@ def _f(x, p: int = 2) -> str:
     return "–" if x is None else f"{x:.{p}f}"
 
 
+def _range(xs: list[float] | None) -> str:
+    """min–max over the timed rounds: how much of a difference between two rows is noise."""
+    return "–" if not xs else f"{min(xs):.1f}–{max(xs):.1f}"
+
+
 def _mb(n: int | None) -> float | None:
     return None if n is None else n / 2**20
 
@@ -37,22 +42,27 @@ def render_study(body: dict) -> list[str]:
     out = [f"**The study (06_results)** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
            f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × {s.get('max_new_tokens', '?')} tokens, "
            "median of interleaved rounds\n",
-           "| method | tok/s | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
+           "| method | tok/s | rounds | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
            " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params | held MB |"
            + (" peak MB |" if peak else ""),
-           "|---|" + "---:|" * (12 + len(names) + peak)]
+           "|---|" + "---:|" * (13 + len(names) + peak)]
     g = study["greedy"]
     ar_dom = g.get("ar", {}).get("domains", {})
     for m, r in g.items():
         dom = r.get("domains", {})
         dsp = [dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None for d in ("code", "prose")]
         samp = " | ".join(_f(study[n].get(m, {}).get("speedup_vs_ar")) for n in names)
-        out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
+        out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_range(r.get('tokens_per_s_rounds'))} | "
+                   f"{_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
                    f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
                    f"{_f(r.get('measured_over_predicted'))} | {_f(dsp[0])} | {_f(dsp[1])} | "
                    f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} | "
                    f"{_f(_held_mb(mem.get(m)), 1)} |" + (f" {_f(_mb(r.get('peak_mem_bytes')), 1)} |" if peak else ""))
-    out += ["", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
+    out += ["", "rounds: tok/s of the slowest and fastest timed round (differences inside that range are noise) · "
+            "c: draft cost per draft token in target forwards · predicted: the speedup formula with the measured α, "
+            "K and c · distinct: distinct-token fraction of the outputs (a looping model inflates acceptance) · "
+            "held MB: weights + extra parameters + a 512-position KV cache" + (" · peak MB: CUDA allocator peak" if peak else ""),
+            "", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
     for p in body.get("papers", []):
         gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"
         out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | {gpu} | {p['why']} |")
