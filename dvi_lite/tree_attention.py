@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import time
 from typing import Any, Sequence
@@ -436,7 +437,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.check:
         ap.print_help()
         return 2
-    summary = check(args.n, args.seed, args.device)
+    if args.n < 1:
+        ap.error(f"--n must be >= 1, got {args.n}")
+    on_cpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    if on_cpu and not _TRITON and os.environ.get("TRITON_INTERPRET") != "1":
+        # the kernel is defined lazily, so choosing the interpreter here still takes effect
+        os.environ["TRITON_INTERPRET"] = "1"
+        print("no GPU: running the kernel in Triton's interpreter (TRITON_INTERPRET=1): a correctness check, slow")
+    try:
+        summary = check(args.n, args.seed, args.device)
+    except RuntimeError as e:  # no triton, or CPU tensors without the interpreter
+        ap.error(str(e))
     text = json.dumps(summary, indent=2)
     print(text)
     if args.out:

@@ -14,6 +14,7 @@ A wrong mask, GQA mapping or softmax changes outputs by O(0.1-1), far above all 
 """
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import: the only way to run kernels on CPU
@@ -252,3 +253,16 @@ def test_shape_errors_name_the_argument(backend):
     for args, msg in cases:
         with pytest.raises(ValueError, match=msg):
             tree_attention(*args, backend=backend)
+
+
+@needs_triton
+def test_cli_check_runs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert ta.main(["--check", "--n", "2", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["trees"] == 2
+
+
+def test_cli_rejects_bad_n(capsys):
+    with pytest.raises(SystemExit):
+        ta.main(["--check", "--n", "0"])
+    assert "--n must be >= 1, got 0" in capsys.readouterr().err
