@@ -26,7 +26,7 @@ import torch
 
 from dvi_lite.corpus import DATA_DIR, make_prompts
 from dvi_lite.engine import DecodeState, Drafter, Outcome, Proposal
-from dvi_lite.kangaroo import fingerprint
+from dvi_lite.artifacts import artifacts_dir, fingerprint
 from dvi_lite.methods import _runner, generate, register
 from dvi_lite.runner import Skip
 from dvi_lite.skip_search import (AdaptiveThreshold, SearchConfig, SearchResult, check_mask, check_skip,
@@ -104,8 +104,13 @@ def resolve_skip(model, skip) -> Skip:
     return check_skip(skip, n)
 
 
+def skip_file(model) -> Path:
+    """The default skip-set file for this model: data/draft_verify/skip.json for the course model."""
+    return artifacts_dir(model) / "draft_verify" / SKIP_FILE.name
+
+
 def load_skip(model, path: str | Path | None = None) -> Skip:
-    path = Path(path) if path is not None else SKIP_FILE
+    path = Path(path) if path is not None else skip_file(model)
     if not path.is_file():
         raise FileNotFoundError(f"no Draft & Verify skip set at {path}; search one with "
                                 "`python -m dvi_lite.draft_verify` (or pass skip=...)")
@@ -155,9 +160,9 @@ def search(model, tok, cfg: SearchConfig, prompts: list[dict], max_new_tokens: i
                        model.config.num_hidden_layers, cfg, progress=progress)
 
 
-def save_search(model, res: SearchResult, path: Path = SKIP_FILE, **extra) -> Path:
+def save_search(model, res: SearchResult, path: Path | None = None, **extra) -> Path:
     """The best skip set + its score, the whole trial log and the model fingerprint, as JSON."""
-    path = Path(path)
+    path = Path(path) if path is not None else skip_file(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"fingerprint": fingerprint(model), "best_skip": skip_to_dict(res.best_skip),
             "best_seconds_per_token": res.best_value, "n_skipped": n_skipped(res.best_skip),
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-calib", type=int, default=6, help="calibration prompts (corpus val split)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(SKIP_FILE))
+    ap.add_argument("--out", default=None, help="default: data/draft_verify/skip.json (course model), "
+                    "build/models/<fingerprint>/draft_verify/skip.json (another model)")
     args = ap.parse_args(argv)
     try:
         cfg = SearchConfig(n_trials=args.trials, time_budget_s=args.budget_s, seed=args.seed, skip_ratio=args.ratio)
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
     cmd = "python -m dvi_lite.draft_verify " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = save_search(model, res, Path(args.out), provenance=provenance(cmd))
+    path = save_search(model, res, args.out, provenance=provenance(cmd))
     print(f"best {skip_to_dict(res.best_skip)}: {res.best_value * 1e3:.2f} ms/token -> {path}")
     return 0
 

@@ -74,7 +74,7 @@ from dvi_lite.corpus import DATA_DIR
 from dvi_lite.dvi_core import DVIConfig, EMABaseline, ReplayBuffer, fast_loss, rng_state, set_rng_state, slow_loss
 from dvi_lite.early_exit import EarlyExitDrafter, check_split, check_threshold
 from dvi_lite.engine import DecodeState, Outcome, acceptance_rate, decode
-from dvi_lite.kangaroo import fingerprint
+from dvi_lite.artifacts import artifacts_dir, fingerprint
 from dvi_lite.methods import _runner, generate, register
 from dvi_lite.provenance import ROOT, provenance
 from dvi_lite.runner import Runner
@@ -675,12 +675,13 @@ _LOADED: dict = {}
 
 def load_policy(model, state: str | Path | None = None, split: int | None = None,
                 load_verifier: bool = False) -> DVIPolicy:
-    """The DVI policy saved in `state` (a dir with policy.pt, or the file; None = data/dvi/).
+    """The DVI policy saved in `state` (a dir with policy.pt, or the file; None = this model's default:
+    data/dvi/ for the course model, build/models/<fingerprint>/dvi/ for another).
 
     load_verifier=True also attaches the checkpoint's lora_D to the model IN PLACE (the updated
     verifier); by default it is ignored and decoding stays lossless w.r.t. the base model.
     """
-    p = Path(state) if state is not None else DVI_DIR
+    p = Path(state) if state is not None else artifacts_dir(model) / "dvi"
     f = p / POLICY_FILE if p.suffix != ".pt" else p
     if not f.is_file():
         raise FileNotFoundError(f"no DVI policy at {f}; train one with `python -m dvi_lite.dvi --steps 300 "
@@ -770,7 +771,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  description="Online DVI training (Draft -> Verify -> Improve) on corpus prompts.")
     ap.add_argument("--steps", type=int, default=300, help="fast updates to run (in total, counting a resumed run's)")
     ap.add_argument("--split", type=int, default=2, help="exit layer k")
-    ap.add_argument("--out", default=str(DVI_DIR), help="policy.pt, card.json, log.jsonl go here")
+    ap.add_argument("--out", default=None, help="policy.pt, card.json, log.jsonl go here (default: data/dvi for the "
+                    "course model, build/models/<fingerprint>/dvi for another)")
     ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default build/ckpt/dvi_k<split>)")
     ap.add_argument("--ckpt-every", type=int, default=25, help="fast steps between checkpoints")
     ap.add_argument("--resume", action="store_true")
@@ -814,7 +816,7 @@ def _run_cli(args, cfg: DVIConfig, command: str) -> dict:
         p.requires_grad_(False)
     cfg.validate(_runner(model).n_layers)
     prompts = train_prompts(tok, args.prompts, args.prompts_per_domain, cfg.seed, args.max_prompt_tokens)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else artifacts_dir(model) / "dvi"
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ROOT / "build" / "ckpt" / f"dvi_k{cfg.split}"
     trainer = OnlineTrainer(model, prompts, cfg, slow_updates=args.slow, max_new_tokens=args.max_new_tokens,
                             max_steps=args.max_steps, temperature=args.temperature, total_steps=args.steps,

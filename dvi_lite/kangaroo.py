@@ -12,7 +12,6 @@ it through the shallow layers), so its state comes from Outcome.split_hidden.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
+from dvi_lite.artifacts import artifacts_dir, fingerprint  # noqa: F401 (fingerprint re-exported)
 from dvi_lite.corpus import DATA_DIR
 from dvi_lite.early_exit import EarlyExitDrafter, check_split
 from dvi_lite.engine import DecodeState, Outcome, Proposal
@@ -62,17 +62,13 @@ class KangarooAdapter(nn.Module):
         return self.out_norm(h + a)
 
 
-def fingerprint(model) -> str:
-    """Identifies the base model an adapter was trained for (config + a weight checksum)."""
-    c = model.config
-    w = model.get_input_embeddings().weight
-    probe = w[:: max(1, w.shape[0] // 64)].float().sum().item()
-    key = f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}-{w.shape[0]}-{probe:.6e}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 def adapter_path(split: int, root: Path = ADAPTER_DIR) -> Path:
     return Path(root) / f"adapter_k{split}.pt"
+
+
+def model_adapter_path(model, split: int) -> Path:
+    """The default adapter file for this model: data/kangaroo/ for the course model."""
+    return adapter_path(split, artifacts_dir(model) / "kangaroo")
 
 
 def save_adapter(adapter: KangarooAdapter, model, path: Path, card: dict | None = None) -> None:
@@ -88,7 +84,7 @@ _LOADED: dict = {}  # (id(model), split, path) -> adapter: load once, not on eve
 
 def load_adapter(model, split: int, path: str | Path | None = None) -> KangarooAdapter:
     """The trained adapter for this model and exit layer; a clear error if there is none."""
-    path = Path(path) if path is not None else adapter_path(split)
+    path = Path(path) if path is not None else model_adapter_path(model, split)
     key = (id(model), split, str(path))
     if key not in _LOADED:
         _LOADED[key] = _load_adapter(model, split, path)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dvi_lite.artifacts import artifacts_dir
 from dvi_lite.cli import command_line, require_positive, run_or_usage_error
 from dvi_lite.early_exit import check_split
 from dvi_lite.kangaroo import KangarooAdapter, adapter_path, save_adapter
@@ -65,7 +66,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
                        min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     gen = torch.Generator().manual_seed(cfg.seed)
-    out = Path(out) if out is not None else adapter_path(cfg.split)
+    out = Path(out) if out is not None else adapter_path(cfg.split, artifacts_dir(model) / "kangaroo")
     ckpt = ROOT / "build" / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--split", type=int, default=2, help="exit layer k")
     ap.add_argument("--steps", type=int, default=AdapterConfig.steps)
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
-    ap.add_argument("--out", default=None, help="adapter file (default data/kangaroo/adapter_k<split>.pt)")
+    ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the course model, build/models/<fingerprint>/kangaroo/ for another)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps")

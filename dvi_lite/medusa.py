@@ -60,7 +60,7 @@ from torch import nn
 
 from dvi_lite.corpus import DATA_DIR
 from dvi_lite.engine import DecodeState, Drafter, Outcome, Proposal
-from dvi_lite.kangaroo import fingerprint
+from dvi_lite.artifacts import artifacts_dir, fingerprint
 from dvi_lite.methods import _runner, register
 from dvi_lite.tree_attention import validate_parents
 
@@ -158,9 +158,14 @@ def save_heads(heads: MedusaHeads, model, path: str | Path = HEADS_PATH, card: d
 _LOADED: dict = {}  # load once per (model, file version), not on every generate() call
 
 
+def heads_path(model) -> Path:
+    """The default heads file for this model: data/medusa/heads.pt for the course model."""
+    return artifacts_dir(model) / "medusa" / HEADS_PATH.name
+
+
 def load_heads(model, path: str | Path | None = None) -> MedusaHeads:
     """The trained heads for this model; FileNotFoundError / ValueError with what to do otherwise."""
-    path = Path(path) if path is not None else HEADS_PATH
+    path = Path(path) if path is not None else heads_path(model)
     if not path.is_file():
         raise FileNotFoundError(f"no Medusa heads at {path}; train them with "
                                 "`python -m dvi_lite.medusa_train --heads 4` (or pass heads=...)")

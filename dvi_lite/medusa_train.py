@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dvi_lite.cli import command_line, require_positive, run_or_usage_error
-from dvi_lite.medusa import HEADS_DIR, HEADS_PATH, MedusaHeads, save_heads
+from dvi_lite.medusa import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
 from dvi_lite.models import load_model
 from dvi_lite.provenance import ROOT, provenance
 from dvi_lite.runner import Runner
@@ -280,13 +280,15 @@ def sanity_check(model, tok, steps: int = 100, num_heads: int = 4, norm: bool = 
     return {"before": before, "after": after, "log": log, "heads": heads}
 
 
-def default_out(cfg: MedusaTrainConfig) -> Path:
+def default_out(cfg: MedusaTrainConfig, model=None) -> Path:
     """data/medusa/heads.pt for the course recipe (frozen norm + the model's shared LM head: at course
     scale a trainable 8192 x 256 head copy per head would be 2.1M parameters each, and 4 of them drafting
-    cost more than a third of a forward); variants get their own file (never overwrite it)."""
+    cost more than a third of a forward); variants get their own file (never overwrite it). Another model's
+    heads go to build/models/<fingerprint>/medusa/."""
+    d = HEADS_DIR if model is None else heads_path(model).parent
     if cfg.norm and cfg.shared_lm_head:
-        return HEADS_PATH
-    return HEADS_DIR / ("heads" + ("" if cfg.norm else "_nonorm") + ("" if cfg.shared_lm_head else "_ownhead") + ".pt")
+        return d / HEADS_PATH.name
+    return d / ("heads" + ("" if cfg.norm else "_nonorm") + ("" if cfg.shared_lm_head else "_ownhead") + ".pt")
 
 
 @torch.no_grad()
@@ -314,7 +316,7 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
     runner = Runner(model)
     heads = MedusaHeads(model, cfg.heads, norm=cfg.norm, shared_lm_head=cfg.shared_lm_head)
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
-    out = Path(out) if out is not None else default_out(cfg)
+    out = Path(out) if out is not None else default_out(cfg, model)
     tag = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]  # one checkpoint per output file
     ckpt = ROOT / "build" / "ckpt" / f"medusa_{out.stem}_{tag}.pt"
     log = train_loop(heads, runner, data, cfg, ckpt, resume)

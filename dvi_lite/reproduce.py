@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     params = {"MODEL_PATH": str(Path(args.model).resolve())} if args.model else {}
+    if args.model:  # another model needs its own adapter, heads, skip set and DVI head first
+        from dvi_lite.prepare import PrepareConfig, prepare
+
+        print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (dvi_lite.prepare)", flush=True)
+        prepare(params["MODEL_PATH"], PrepareConfig.smoke() if args.smoke else PrepareConfig(),
+                command="python -m dvi_lite.reproduce " + " ".join(argv or sys.argv[1:]))
     t0, times = time.time(), {}
     for i, nb in enumerate(nbs):
         print(f"[{i + 1}/{len(nbs)}] {nb.name} ({'smoke' if args.smoke else 'full'})", flush=True)

@@ -1,0 +1,34 @@
+"""Where the trained pieces of each method live for a given base model.
+
+The course model's adapter, heads, skip set and DVI head are committed under data/. Any other model (a
+local HF checkpoint on a GPU) gets its own folder, build/models/<fingerprint>/, with the same layout,
+so the loaders' defaults find the right files, the trainers never overwrite the course model's, and
+`python -m dvi_lite.prepare --model <folder>` can fill it before the notebooks run on that model.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from dvi_lite.corpus import DATA_DIR
+
+# fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
+# changes it, and then every committed artifact must be retrained too.
+COURSE_FINGERPRINT = "274854da25190221"
+MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
+
+
+def fingerprint(model) -> str:
+    """Identifies the base model a trained piece belongs to (config + a weight checksum)."""
+    c = model.config
+    w = model.get_input_embeddings().weight
+    probe = w[:: max(1, w.shape[0] // 64)].float().sum().item()
+    key = f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}-{w.shape[0]}-{probe:.6e}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def artifacts_dir(model) -> Path:
+    """data/ for the course model, build/models/<fingerprint>/ for any other."""
+    fp = fingerprint(model)
+    return DATA_DIR if fp == COURSE_FINGERPRINT else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp

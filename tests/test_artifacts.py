@@ -1,0 +1,79 @@
+"""dvi_lite.artifacts + dvi_lite.prepare: every model gets its own trained pieces, found by default.
+
+The course model's pieces are committed in data/; any other checkpoint's go to build/models/<fingerprint>/,
+so the notebooks run unchanged on it after `prepare`, and training for it never overwrites data/.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+import dvi_lite
+from dvi_lite import artifacts
+
+
+def test_course_fingerprint_is_the_committed_course_model():
+    model, _ = dvi_lite.load_model()
+    assert artifacts.fingerprint(model) == artifacts.COURSE_FINGERPRINT
+    assert artifacts.artifacts_dir(model) == artifacts.DATA_DIR
+
+
+@pytest.fixture()
+def other_model(tmp_path, monkeypatch):
+    """A 4-layer random Llama with the course tokenizer, saved as an HF folder; pieces go to tmp."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from dvi_lite.train import TOKENIZER_DIR
+
+    monkeypatch.setenv("DVI_MODELS_DIR", str(tmp_path / "models"))  # seen by notebook kernels too
+    tok = PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
+def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model, tmp_path):
+    from dvi_lite.prepare import PrepareConfig, prepare
+
+    pieces = prepare(other_model, PrepareConfig.smoke())
+    model, tok = dvi_lite.load_model(other_model)
+    home = artifacts.artifacts_dir(model)
+    assert home == tmp_path / "models" / artifacts.fingerprint(model)
+    assert all(f.startswith(str(home)) for f in pieces.values())
+    mtimes = {k: Path(f).stat().st_mtime_ns for k, f in pieces.items()}
+    assert prepare(other_model, PrepareConfig.smoke()) == pieces  # nothing retrained the second time
+    assert {k: Path(f).stat().st_mtime_ns for k, f in pieces.items()} == mtimes
+    # every method now finds its piece by default, and stays lossless on this model
+    ar = dvi_lite.generate(model, tok, "def f(x):", method="ar", max_new_tokens=12, stop_at_eos=False).token_ids
+    for method, kw in [("kangaroo", {"split": 2}), ("medusa", {}), ("draft_verify", {}), ("dvi", {"split": 2})]:
+        out = dvi_lite.generate(model, tok, "def f(x):", method=method, max_new_tokens=12, stop_at_eos=False, **kw)
+        assert out.token_ids == ar, method
+
+
+def test_course_model_needs_no_preparation(capsys):
+    from dvi_lite.prepare import PrepareConfig, prepare
+
+    pieces = prepare(None, PrepareConfig.smoke())
+    assert "nothing to train" in capsys.readouterr().out
+    assert pieces["kangaroo adapter"].endswith("data/kangaroo/adapter_k2.pt")
+
+
+@pytest.mark.slow
+def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
+    """User story 4 in miniature: prepare a new model, then the study notebook (every method) runs on it."""
+    import nbformat
+    import papermill as pm
+
+    from dvi_lite.prepare import PrepareConfig, prepare
+    from dvi_lite.reproduce import NOTEBOOKS_DIR
+
+    prepare(other_model, PrepareConfig.smoke())
+    out = tmp_path / "06.ipynb"
+    pm.execute_notebook(str(NOTEBOOKS_DIR / "06_results.ipynb"), str(out), kernel_name="python3",
+                        parameters={"SMOKE": True, "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR), progress_bar=False)
+    done = nbformat.read(out, as_version=4)
+    assert not [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
