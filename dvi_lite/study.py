@@ -35,7 +35,9 @@ WHY = {
     "sps": "12-layer 11M target vs 70B: the draft costs c ≈ 0.2 of a target token instead of ≈ 0.05, and a K+1-token verify is ≈ 1.6× a 1-token forward on CPU",
     "hf_assisted": "the same draft as sps, but HF's drafting loop has more per-token overhead than our engine on a tiny model",
     "kangaroo": "2 of 12 layers + adapter + an 8192-vocab head make a draft step cost a large share of a forward (c in the table; ≈ 0.07 on Vicuna-7B); the adapter saw 0.6M tokens",
-    "draft_verify": "12 small layers are far less redundant than 80; skipping half of them gives c ≈ 0.5 with low acceptance",
+    "draft_verify": "12 small layers are far less redundant than 80, so acceptance stays low; and skipping half the "
+                    "sub-layers still costs about a forward per draft token on a CPU (c in the table: the LM head "
+                    "and per-call overhead are not skipped)",
     "medusa": "heads trained briefly on a CPU; tree verification of many nodes is not free on a CPU as it is on a GPU",
     "dvi": "the exit head learns online for a few hundred steps on a CPU; same draft-cost limits as Kangaroo",
 }
