@@ -20,7 +20,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
-from dvi_lite.artifacts import artifacts_dir, fingerprint  # noqa: F401 (fingerprint re-exported)
+from dvi_lite.artifacts import artifacts_dir, fingerprint
 from dvi_lite.corpus import DATA_DIR
 from dvi_lite.early_exit import EarlyExitDrafter, check_split
 from dvi_lite.engine import DecodeState, Outcome, Proposal

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from dvi_lite.cli import command_line
 from dvi_lite.provenance import ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -64,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     params = {"MODEL_PATH": str(Path(args.model).resolve())} if args.model else {}
+    command = "make reproduce" if os.environ.get("DVI_MAKE_START") else command_line("dvi_lite.reproduce", argv)
     if args.model:  # another model needs its own adapter, heads, skip set and DVI head first
         from dvi_lite.prepare import PrepareConfig, prepare
 
         print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (dvi_lite.prepare)", flush=True)
         prepare(params["MODEL_PATH"], PrepareConfig.smoke() if args.smoke else PrepareConfig(),
-                command="python -m dvi_lite.reproduce " + " ".join(argv or sys.argv[1:]))
+                command=command)
     t0, times = time.time(), {}
     for i, nb in enumerate(nbs):
         print(f"[{i + 1}/{len(nbs)}] {nb.name} ({'smoke' if args.smoke else 'full'})", flush=True)
@@ -77,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    done in {times[nb.name] / 60:.1f} min", flush=True)
     total = time.time() - t0
     if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
-        cmd = "make reproduce" if os.environ.get("DVI_MAKE_START") else "python -m dvi_lite.reproduce " + " ".join(argv or sys.argv[1:])
-        print(f"timings written to {write_timings(times, total, args.smoke, cmd.strip())}")
+        print(f"timings written to {write_timings(times, total, args.smoke, command.strip())}")
     if not args.smoke and not args.model:
         from dvi_lite.report import update_readme
 
