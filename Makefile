@@ -52,7 +52,7 @@ test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs
 	exit $$rc
 
 reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
-	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite.reproduce || rc=$$?; \
+	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite.study.reproduce || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
 
@@ -60,10 +60,10 @@ lab: setup ## Open JupyterLab on notebooks/
 	$(VENV)/bin/jupyter lab notebooks/
 
 model: setup ## Retrain the course model and the draft model
-	$(PY) -m dvi_lite.train --preset course && $(PY) -m dvi_lite.train --preset draft
+	$(PY) -m dvi_lite.course_model.train --preset course && $(PY) -m dvi_lite.course_model.train --preset draft
 
 env-check: setup ## Check installed versions, torch build, triton, browser and course model
-	$(PY) -m dvi_lite.envcheck
+	$(PY) -m dvi_lite.study.envcheck
 
 clean: ## Remove build/, .pytest_cache and __pycache__ folders (keeps .venv)
 	rm -rf build .pytest_cache

@@ -215,7 +215,7 @@ def assert_lossless_sampling(model, tok, method: str, temperature: float = 1.0, 
     tokens' empirical law must match the exact law of the target (chi-square, p > 1e-3, jointly and
     for the first token), and both acceptances and rejections must have happened."""
     from dvi_lite import generate
-    from dvi_lite.sampling import Sampler
+    from dvi_lite.core.sampling import Sampler
 
     law = exact_law_3(model, Sampler(temperature=temperature, top_p=top_p))
     v = model.config.vocab_size

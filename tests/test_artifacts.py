@@ -1,4 +1,4 @@
-"""dvi_lite.artifacts + dvi_lite.prepare: every model gets its own trained pieces, found by default.
+"""dvi_lite.models.artifacts + dvi_lite.study.prepare: every model gets its own trained pieces, found by default.
 
 The course model's pieces are committed in data/; any other checkpoint's go to build/models/<fingerprint>/,
 so the notebooks run unchanged on it after `prepare`, and training for it never overwrites data/.
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dvi_lite
-from dvi_lite import artifacts
+from dvi_lite.models import artifacts
 
 
 def test_course_fingerprint_is_the_committed_course_model():
@@ -23,7 +23,7 @@ def other_model(tmp_path, monkeypatch):
     """A 4-layer random Llama with the course tokenizer, saved as an HF folder; pieces go to tmp."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from dvi_lite.train import TOKENIZER_DIR
+    from dvi_lite.course_model.train import TOKENIZER_DIR
 
     monkeypatch.setenv("DVI_MODELS_DIR", str(tmp_path / "models"))  # seen by notebook kernels too
     tok = PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
@@ -37,7 +37,7 @@ def other_model(tmp_path, monkeypatch):
 
 
 def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model, tmp_path):
-    from dvi_lite.prepare import PrepareConfig, prepare
+    from dvi_lite.study.prepare import PrepareConfig, prepare
 
     pieces = prepare(other_model, PrepareConfig.smoke())
     model, tok = dvi_lite.load_model(other_model)
@@ -55,7 +55,7 @@ def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model,
 
 
 def test_course_model_needs_no_preparation(capsys):
-    from dvi_lite.prepare import PrepareConfig, prepare
+    from dvi_lite.study.prepare import PrepareConfig, prepare
 
     pieces = prepare(None, PrepareConfig.smoke())
     assert "nothing to train" in capsys.readouterr().out
@@ -68,8 +68,8 @@ def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
     import nbformat
     import papermill as pm
 
-    from dvi_lite.prepare import PrepareConfig, prepare
-    from dvi_lite.reproduce import NOTEBOOKS_DIR
+    from dvi_lite.study.prepare import PrepareConfig, prepare
+    from dvi_lite.study.reproduce import NOTEBOOKS_DIR
 
     prepare(other_model, PrepareConfig.smoke())
     out = tmp_path / "06.ipynb"

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from dvi_lite import bench
+from dvi_lite.study import bench
 
 
 def run(argv, capsys):
@@ -43,7 +43,7 @@ def test_predicted_speedup():
 def test_bench_json_shape(tmp_path, capsys):
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from dvi_lite.train import TOKENIZER_DIR
+    from dvi_lite.course_model.train import TOKENIZER_DIR
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -68,7 +68,7 @@ def test_bench_json_shape(tmp_path, capsys):
 
 
 def test_parse_spec_reads_variant_options():
-    from dvi_lite.bench import parse_spec
+    from dvi_lite.study.bench import parse_spec
 
     assert parse_spec("kangaroo") == ("kangaroo", {})
     assert parse_spec("kangaroo:branch=2:threshold=0.4:adapter=none") == (

@@ -33,4 +33,4 @@ def test_value_and_file_errors_become_usage_errors(capsys):
 
 
 def test_command_line_records_the_arguments():
-    assert command_line("dvi_lite.train", ["--steps", "3"]) == "python -m dvi_lite.train --steps 3"
+    assert command_line("dvi_lite.course_model.train", ["--steps", "3"]) == "python -m dvi_lite.course_model.train --steps 3"

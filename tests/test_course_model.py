@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import dvi_lite
-from dvi_lite.bench import spread
-from dvi_lite.corpus import load_prompts, verify_snapshot
-from dvi_lite.models import COURSE_MODEL, DRAFT_MODEL
+from dvi_lite.study.bench import spread
+from dvi_lite.course_model.corpus import load_prompts, verify_snapshot
+from dvi_lite.models.loading import COURSE_MODEL, DRAFT_MODEL
 
 pytestmark = pytest.mark.slow
 NEW = 64
@@ -82,7 +82,7 @@ def test_sps_greedy_equals_ar_100_prompts(course, draft, ar_outputs, k):
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sps_sampling_matches_target_law_on_course_model(course, draft, temperature, top_p):
     """The first verified token's law equals the processed target p (chi-square, 20k draws, p > 1e-3)."""
-    from dvi_lite.spec_lesson import token_histograms
+    from dvi_lite.course.ch01_speculative_sampling import token_histograms
 
     model, tok = course
     res = token_histograms(model, tok, "def read_config(path):\n    ", n_samples=20_000, temperature=temperature,

@@ -6,11 +6,11 @@ import torch
 
 import dvi_lite
 from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
-from dvi_lite.draft_verify import DraftVerifyDrafter, load_skip, resolve_skip, save_search, skip_sensitivity
-from dvi_lite.engine import start, step
-from dvi_lite.runner import Runner, Skip
-from dvi_lite.sampling import Sampler, make_generator
-from dvi_lite.skip_search import SearchResult
+from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter, load_skip, resolve_skip, save_search, skip_sensitivity
+from dvi_lite.core.engine import start, step
+from dvi_lite.core.runner import Runner, Skip
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.draft_verify.search import SearchResult
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_sampling_is_lossless_end_to_end(target8, tok8):
 
 def test_adaptive_gamma_moves_towards_target(model):
     runner = Runner(model)
-    from dvi_lite.skip_search import AdaptiveThreshold
+    from dvi_lite.methods.draft_verify.search import AdaptiveThreshold
 
     ctl = AdaptiveThreshold(target_alpha=0.95, gamma0=0.5)
     drafter = DraftVerifyDrafter(runner, SKIPS[1], max_steps=6, threshold=0.5, adaptive=ctl)
@@ -104,7 +104,7 @@ def test_saved_skip_round_trip_and_model_check(model, tmp_path):
 def test_skip_sensitivity_rows(model):
     class Tok:  # encode_split needs a tokenizer: use the course one only for ids < 64? no: fake the stream
         pass
-    import dvi_lite.draft_verify as dv
+    import dvi_lite.methods.draft_verify.drafter as dv
     import numpy as np
 
     orig = dv.encode_split

@@ -12,12 +12,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import dvi_lite
 from conftest import DEEP_PROMPTS, IdTokenizer
-from dvi_lite.dvi import (LORA_D, DVIDrafter, DVIPolicy, NonFiniteError, OnlineTrainer, evaluate, load_policy,
+from dvi_lite.methods.dvi.learner import (LORA_D, DVIDrafter, DVIPolicy, NonFiniteError, OnlineTrainer, evaluate, load_policy,
                           verifier_lora_params)
-from dvi_lite.dvi_core import DVIConfig, fast_loss
-from dvi_lite.engine import start, step
-from dvi_lite.runner import Runner
-from dvi_lite.sampling import Sampler, make_generator
+from dvi_lite.methods.dvi.losses import DVIConfig, fast_loss
+from dvi_lite.core.engine import start, step
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
 
 BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, slow_every=2, seed=0)
 
@@ -292,7 +292,7 @@ def test_saved_policy_drives_the_method(deep_model, tmp_path):
 
 
 def test_missing_state_is_a_clear_error(deep_model, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no DVI policy.*python -m dvi_lite.dvi"):
+    with pytest.raises(FileNotFoundError, match=r"no DVI policy.*python -m dvi_lite.methods.dvi.learner"):
         dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="dvi", state=tmp_path / "none")
 
 
@@ -341,8 +341,8 @@ def test_bf16_training_runs(deep_model):
 
 
 def test_cli_trains_saves_and_resumes(tmp_path):
-    from dvi_lite.dvi import main
-    from dvi_lite.models import COURSE_MODEL
+    from dvi_lite.methods.dvi.learner import main
+    from dvi_lite.models.loading import COURSE_MODEL
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=8192, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dvi_lite.dvi_core import (DVIConfig, EMABaseline, ReplayBuffer, ce_anchor, fast_loss, kl_loss,
+from dvi_lite.methods.dvi.losses import (DVIConfig, EMABaseline, ReplayBuffer, ce_anchor, fast_loss, kl_loss,
                                lambda_curve, lambda_schedule, reinforce_loss, rng_state, set_rng_state,
                                slow_loss, surrogate_loss)
 

@@ -11,9 +11,9 @@ import plotly.graph_objects as go
 import pytest
 
 from conftest import DEEP_PROMPTS
-from dvi_lite import dvi_widget
-from dvi_lite.dvi_core import DVIConfig, lambda_curve, lambda_schedule
-from dvi_lite.dvi_widget import CSS_CLASSES, LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES, LambdaWidget
+from dvi_lite.methods.dvi import widget as dvi_widget
+from dvi_lite.methods.dvi.losses import DVIConfig, lambda_curve, lambda_schedule
+from dvi_lite.methods.dvi.widget import CSS_CLASSES, LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES, LambdaWidget
 
 BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, kl_floor=0.05, seed=0)
 

@@ -1,4 +1,4 @@
-"""dvi_lite.engine (+ methods, sps): greedy equality with HF, SpS acceptance, cache invariants, and the
+"""dvi_lite.core.engine (+ methods, sps): greedy equality with HF, SpS acceptance, cache invariants, and the
 end-to-end losslessness of speculative sampling against the exactly enumerated target law."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 
 from conftest import StubTokenizer, assert_lossless_sampling, make_target, tiny_cfg
 from dvi_lite import generate
-from dvi_lite.engine import Drafter, Proposal, Stats, StepStats, start, step
-from dvi_lite.methods import METHODS
-from dvi_lite.runner import Runner
-from dvi_lite.sampling import Sampler, make_generator
-from dvi_lite.sps import DraftModelDrafter
+from dvi_lite.core.engine import Drafter, Proposal, Stats, StepStats, start, step
+from dvi_lite.core.generate import METHODS
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.sps import DraftModelDrafter
 
 NEW = 24
 

@@ -1,10 +1,10 @@
-"""`python -m dvi_lite.envcheck` reports the installed torch pin."""
+"""`python -m dvi_lite.study.envcheck` reports the installed torch pin."""
 
 from __future__ import annotations
 
 import pytest
 
-from dvi_lite import envcheck
+from dvi_lite.study import envcheck
 
 
 def test_envcheck_reports_torch(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,11 +5,11 @@ from transformers import LlamaForCausalLM
 
 import dvi_lite
 from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
-from dvi_lite.engine import start, step
-from dvi_lite.kangaroo import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
-from dvi_lite.kvcache import KVCache
-from dvi_lite.runner import Runner
-from dvi_lite.sampling import Sampler, make_generator
+from dvi_lite.core.engine import start, step
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
+from dvi_lite.core.kvcache import KVCache
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_bad_inputs(model, kw, msg):
 
 
 def test_distillation_reduces_kl(model):
-    from dvi_lite.kangaroo_train import distill_loss
+    from dvi_lite.methods.kangaroo.train import distill_loss
 
     torch.manual_seed(0)
     adapter = KangarooAdapter(model, 1).train()
@@ -115,7 +115,7 @@ def test_distillation_reduces_kl(model):
 
 @pytest.mark.parametrize("argv, msg", [(["--steps", "0"], "--steps must be >= 1"), (["--split", "99"], "split")])
 def test_train_cli_bad_inputs_are_usage_errors(argv, msg, capsys, tmp_path):
-    from dvi_lite.kangaroo_train import main
+    from dvi_lite.methods.kangaroo.train import main
 
     with pytest.raises(SystemExit) as e:
         main([*argv, "--out", str(tmp_path / "a.pt")])

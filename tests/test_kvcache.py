@@ -1,10 +1,10 @@
-"""dvi_lite.kvcache: append, O(1) crop, keep (chain prefix and tree path gather), overflow."""
+"""dvi_lite.core.kvcache: append, O(1) crop, keep (chain prefix and tree path gather), overflow."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dvi_lite.kvcache import KVCache
+from dvi_lite.core.kvcache import KVCache
 
 L, H, D = 3, 2, 4
 

@@ -10,14 +10,14 @@ from transformers import LlamaForCausalLM
 
 import dvi_lite
 from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
-from dvi_lite.engine import start, step
-from dvi_lite.medusa import (CandidateTree, MedusaDrafter, MedusaHeads, best_first_paths, cartesian_paths,
+from dvi_lite.core.engine import start, step
+from dvi_lite.methods.medusa.drafter import (CandidateTree, MedusaDrafter, MedusaHeads, best_first_paths, cartesian_paths,
                              cartesian_tree, check_paths, entropy_thresholds, expected_accept_length, head_topk,
                              load_heads, medusa_summary, pruned_tree, save_heads, sparse_tree, validate_tree_args)
-from dvi_lite.medusa_train import (MedusaTrainConfig, greedy_rollout, head_accuracy, main, sanity_check,
+from dvi_lite.methods.medusa.train import (MedusaTrainConfig, greedy_rollout, head_accuracy, main, sanity_check,
                                    train_loop)
-from dvi_lite.runner import Runner
-from dvi_lite.sampling import Sampler, make_generator
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
 
 ACC3 = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies (3 heads x 3)
 
@@ -358,7 +358,7 @@ def test_head_accuracy_and_sanity_check(perm_model):
 def test_summary_matches_engine_stats(target):
     runner = Runner(target)
     drafter = MedusaDrafter(runner, perturbed_heads(target), top_k=2, tree="cartesian")
-    from dvi_lite.engine import decode
+    from dvi_lite.core.engine import decode
     _, stats = decode(runner, drafter, DEEP_PROMPTS[1], 30, Sampler(), make_generator(0), max_draft=drafter.max_draft)
     s = medusa_summary(drafter.log, 3, 2)
     assert s["steps"] == len(stats.steps) and s["tau"] == pytest.approx(stats.tau)
@@ -367,7 +367,7 @@ def test_summary_matches_engine_stats(target):
 
 
 def test_cli_builds_the_config(monkeypatch):
-    import dvi_lite.medusa_train as mt
+    import dvi_lite.methods.medusa.train as mt
 
     seen = {}
     monkeypatch.setattr(mt, "train_heads", lambda cfg, *a, **k: seen.update(cfg=cfg))

@@ -1,4 +1,4 @@
-"""dvi_lite.models: load_model's clear errors, and a round trip through save_pretrained."""
+"""dvi_lite.models.loading: load_model's clear errors, and a round trip through save_pretrained."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM
 
 from conftest import tiny_cfg
 from dvi_lite import load_model
-from dvi_lite.models import resolve_dtype, resolve_device
+from dvi_lite.models.loading import resolve_dtype, resolve_device
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 

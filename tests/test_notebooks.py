@@ -4,7 +4,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dvi_lite.reproduce import NOTEBOOKS_DIR, notebooks
+from dvi_lite.study.reproduce import NOTEBOOKS_DIR, notebooks
 
 NBS = notebooks()
 

@@ -1,5 +1,5 @@
 """The README's results section is generated from results/*.json and must match it."""
-from dvi_lite import report
+from dvi_lite.study import report
 
 
 def test_readme_results_match_json():
@@ -17,7 +17,7 @@ def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     import json
     import time
 
-    from dvi_lite import provenance, reproduce
+    from dvi_lite.study import provenance; from dvi_lite.study import reproduce
 
     monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)

@@ -1,4 +1,4 @@
-"""dvi_lite.runner: the layer-by-layer forward equals the HF model, with a cache, chains and trees.
+"""dvi_lite.core.runner: the layer-by-layer forward equals the HF model, with a cache, chains and trees.
 
 Tolerances: the fixture models have sharp logits (|logits| up to ~20), so float32 reassociation between
 the batched full forward and the incremental one gives differences of ~1e-5 in absolute terms. We use
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_target
-from dvi_lite.runner import Runner, ancestor_matrix, chain_mask, tree_depths, tree_mask
+from dvi_lite.core.runner import Runner, ancestor_matrix, chain_mask, tree_depths, tree_mask
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 SEQ = [3, 17, 42, 8, 29, 55, 11, 60, 5, 23, 37, 14]

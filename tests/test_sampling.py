@@ -1,4 +1,4 @@
-"""dvi_lite.sampling: Sampler validation and the processed distribution (temperature, top-k, top-p)."""
+"""dvi_lite.core.sampling: Sampler validation and the processed distribution (temperature, top-k, top-p)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dvi_lite.sampling import Sampler, make_generator, sample
+from dvi_lite.core.sampling import Sampler, make_generator, sample
 
 
 @pytest.mark.parametrize("kw, name", [

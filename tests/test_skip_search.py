@@ -1,4 +1,4 @@
-"""dvi_lite.skip_search: skip masks, ratio baselines, the skipped-layer search, adaptive draft-exiting.
+"""dvi_lite.methods.draft_verify.search: skip masks, ratio baselines, the skipped-layer search, adaptive draft-exiting.
 
 No model here: the search runs on synthetic deterministic costs with a known optimum, and the
 threshold controller on a simulated drafter whose acceptance rate rises with the threshold gamma
@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from dvi_lite.runner import Skip
-from dvi_lite.skip_search import (AdaptiveThreshold, SearchConfig, SearchResult, candidate_sublayers, check_mask,
+from dvi_lite.core.runner import Skip
+from dvi_lite.methods.draft_verify.search import (AdaptiveThreshold, SearchConfig, SearchResult, candidate_sublayers, check_mask,
                                   check_skip, mask_to_skip, n_skipped, random_skips, ratio_to_count, search_skip,
                                   skip_to_mask, uniform_skip)
 

@@ -1,4 +1,4 @@
-"""dvi_lite.spec_lesson (notebook 01): exact and simulated losslessness, formulas, K sweep shapes.
+"""dvi_lite.course.ch01_speculative_sampling (notebook 01): exact and simulated losslessness, formulas, K sweep shapes.
 
 Uses the tiny random Llamas of conftest.py (target, draft, tok, prompts); never the course model.
 """
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dvi_lite import spec_lesson as sl
-from dvi_lite.methods import METHODS
+from dvi_lite.core.generate import METHODS
 
 
 def test_exact_law_is_p():

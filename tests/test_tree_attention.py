@@ -1,4 +1,4 @@
-"""dvi_lite.tree_attention: parent validation, the sdpa reference, and the mask-free Triton kernel.
+"""dvi_lite.methods.medusa.tree_attention: parent validation, the sdpa reference, and the mask-free Triton kernel.
 
 Without a GPU the Triton kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set below before
 anything imports triton). On a GPU machine, `TRITON_INTERPRET=0 pytest tests/test_tree_attention.py`
@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dvi_lite.runner as runner
-import dvi_lite.tree_attention as ta
-from dvi_lite.tree_attention import (available_backends, tree_attention, tree_attention_reference,
+import dvi_lite.core.runner as runner
+import dvi_lite.methods.medusa.tree_attention as ta
+from dvi_lite.methods.medusa.tree_attention import (available_backends, tree_attention, tree_attention_reference,
                                      tree_attention_triton, validate_parents)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,4 +1,4 @@
-"""dvi_lite.verify: exact identities, hand-checked greedy cases, and statistical losslessness.
+"""dvi_lite.core.verify: exact identities, hand-checked greedy cases, and statistical losslessness.
 
 Statistical tests: every generator is seeded, so each test is deterministic (it either always passes or
 always fails). We still use a p-value threshold of 1e-3 rather than asserting exact counts: it leaves
@@ -12,7 +12,7 @@ import torch
 from scipy.stats import binomtest
 
 from conftest import chi2_pvalue, random_dist
-from dvi_lite.verify import first_token_law, residual, verify_greedy_chain, verify_sampling_chain, verify_tree
+from dvi_lite.core.verify import first_token_law, residual, verify_greedy_chain, verify_sampling_chain, verify_tree
 
 V = 8
 N_TRIALS = 20_000

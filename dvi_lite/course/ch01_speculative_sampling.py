@@ -1,0 +1,315 @@
+"""Chapter 01 (speculative sampling): everything notebook 01 computes, so that it is tested and reusable.
+
+The notebook narrates and draws; these functions do the work. Notation: p = target, q = draft.
+The story they support: (1) rejection sampling emits tokens distributed exactly as p, checked exactly
+and by simulation on toy distributions; (2) the same check on the course model's real p and q;
+(3) alpha = sum min(p, q) sets the mean tokens per step, (1 - alpha^(K+1)) / (1 - alpha), and, with
+the draft cost ratio c, the speedup, which peaks at an interior K; (4) losslessness is a statement
+about exact arithmetic: low-precision batched verification can flip near-ties (verify parity).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from typing import Iterator
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from dvi_lite.study.bench import bench, predicted_speedup, run_method
+from dvi_lite.core.engine import acceptance_rate, position_acceptance
+from dvi_lite.core.generate import METHODS, generate
+from dvi_lite.course.ch01_parity import measure_parity
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.sps import DraftModelDrafter, check_k, resolve_draft
+from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chain
+
+# --------------------------------------------------------------------------- toy distributions
+
+def toy_pair(v: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two float64 distributions on v tokens: p (target) and q, a noisy guess of p (as a draft is).
+
+    q = softmax(log p + noise): correlated with p but wrong in places, so alpha is neither ~0 nor ~1
+    and all four bars of the residual picture (p, q, min, residual) are visible. float64 keeps the
+    exact-law check at ~1e-16 rather than float32 rounding.
+    """
+    g = torch.Generator().manual_seed(seed)
+    logits = 1.5 * torch.randn(v, generator=g, dtype=torch.float64)
+    p = torch.softmax(logits, 0)
+    q = torch.softmax(logits + 1.2 * torch.randn(v, generator=g, dtype=torch.float64), 0)
+    return p, q
+
+
+def alpha_of(p: torch.Tensor, q: torch.Tensor) -> float:
+    """P(one draft x ~ q is accepted) = sum_x q(x) min(1, p(x)/q(x)) = sum_x min(p(x), q(x))."""
+    return float(torch.minimum(p, q).sum())
+
+
+def tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Total variation distance 1/2 sum |p - q|; alpha = 1 - TV(p, q)."""
+    return 0.5 * float((p - q).abs().sum())
+
+
+def exact_output_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The exact law of the first emitted token (accepted draft or residual sample): equals p."""
+    return first_token_law(p, q)
+
+
+def residual_parts(p: torch.Tensor, q: torch.Tensor) -> dict[str, list[float]]:
+    """p, q, min(p, q) (mass accepted as-is) and the residual norm(max(0, p - q)), for the bar chart."""
+    return {"p": p.tolist(), "q": q.tolist(), "min(p,q)": torch.minimum(p, q).tolist(),
+            "residual": residual(p, q).tolist()}
+
+
+def first_emitted_counts(p: torch.Tensor, q: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    """Run one K=1 draft-and-verify round n times through the real `verify_sampling_chain`; count tokens.
+
+    The first emitted token is the draft x if accepted, else the residual sample. Row 1 of the p
+    matrix (the bonus position) is only used after an acceptance, for the *second* token, so p is
+    repeated there. For K > 1 the first token's law is the same: it only involves position 0.
+    """
+    gen = make_generator(seed)
+    counts = torch.zeros(p.numel(), dtype=torch.long)
+    q1, pp = q[None], torch.stack([p, p])
+    for _ in range(n):
+        x = torch.multinomial(q, 1, generator=gen)  # the draft, x ~ q
+        n_acc, nxt = verify_sampling_chain(x, q1, pp, gen)
+        counts[int(x) if n_acc else nxt] += 1
+    return counts
+
+
+def simulate_output_law(p: torch.Tensor, q: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    """Empirical law of the first emitted token over n simulated rounds (float64, sums to 1)."""
+    return first_emitted_counts(p, q, n, seed).double() / n
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> dict:
+    """Pearson chi-square of observed counts against probs, pooling bins with expected count < 5.
+
+    The chi-square approximation needs expected counts >= 5, so rare tokens are pooled into one bin
+    (merged into the smallest kept bin if the pool itself is still too small). A token with p = 0
+    that was emitted anyway gives p-value 0: that would be a real bug (e.g. top-p ignored).
+    """
+    obs = counts.double().cpu().numpy()
+    n = obs.sum()
+    exp = probs.double().cpu().numpy() * n
+    if (obs[exp == 0] > 0).any():
+        return {"statistic": math.inf, "pvalue": 0.0, "dof": 0, "bins": 0}
+    big = exp >= min_expected
+    o, e = list(obs[big]), list(exp[big])
+    rest_o, rest_e = obs[~big].sum(), exp[~big].sum()
+    if rest_e > 0:
+        if rest_e >= min_expected or not e:
+            o.append(rest_o)
+            e.append(rest_e)
+        else:
+            j = int(np.argmin(e))
+            o[j] += rest_o
+            e[j] += rest_e
+    if len(o) < 2:
+        return {"statistic": 0.0, "pvalue": 1.0, "dof": 0, "bins": len(o)}
+    e_arr = np.asarray(e) * (n / np.sum(e))  # float32 probs sum to 1 +- 1e-7: rescale for scipy's check
+    res = chisquare(np.asarray(o), e_arr)
+    return {"statistic": float(res.statistic), "pvalue": float(res.pvalue), "dof": len(o) - 1, "bins": len(o)}
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens per target forward with K drafts, i.i.d. acceptance alpha: 1 + alpha + ... + alpha^K."""
+    return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float]]:
+    """Predicted tokens per step and speedup (bench.predicted_speedup) for each K, and the best K.
+
+    tau saturates at 1 / (1 - alpha) while the drafting cost K c grows linearly: the optimum is interior.
+    """
+    speed = [predicted_speedup(alpha, k, c) for k in ks]
+    return {"k": list(ks), "tokens": [expected_tokens(alpha, k) for k in ks], "speedup": speed,
+            "alpha": alpha, "c": c, "best_k": list(ks)[speed.index(max(speed))]}
+
+# --------------------------------------------------------------------------- the course model
+
+def _ids(tok, prompt) -> list[int]:
+    prompt = prompt["prompt"] if isinstance(prompt, dict) else prompt
+    return list(prompt) if isinstance(prompt, list) else tok(prompt, add_special_tokens=False)["input_ids"]
+
+
+def _records(prompts: list) -> list[dict]:
+    return [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
+
+
+@torch.no_grad()
+def _last_logits(model, ids: list[int]) -> torch.Tensor:
+    dev = model.get_output_embeddings().weight.device
+    return model(torch.tensor([ids], device=dev)).logits[0, -1].float().cpu()
+
+
+def token_histograms(model, tok, prompt, n_samples: int = 20000, temperature: float = 1.0, top_p: float = 1.0,
+                     draft_model=None, seed: int = 0, top_k: int = 0, n_show: int = 20) -> dict:
+    """Losslessness on the real models: law of the first verified token vs the target's p, with chi-square.
+
+    Why not histogram whole `generate(method="sps")` runs: the first new token comes from the prefill
+    (no verification), and sampling thousands of generations is slow. Instead we fix a context
+    (prompt + the target's greedy first token), compute the *processed* p (target) and q (draft) there
+    with the engine's `Sampler`, and run the engine's `verify_sampling_chain` n_samples times. Plain
+    target samples (multinomial from p) are histogrammed alongside as the control.
+    """
+    sampler = Sampler(temperature, top_k, top_p)
+    draft = resolve_draft(model, draft_model)
+    ids = _ids(tok, prompt)
+    ctx = ids + [int(_last_logits(model, ids).argmax())]
+    p = sampler.probs(_last_logits(model, ctx))
+    q = sampler.probs(_last_logits(draft, ctx))
+    spec = first_emitted_counts(p, q, n_samples, seed)
+    gen = make_generator(seed + 1)
+    plain = torch.multinomial(p, n_samples, replacement=True, generator=gen).bincount(minlength=p.numel())
+    rows = []
+    for t in p.topk(min(n_show, int((p > 0).sum()))).indices.tolist():  # the most likely tokens of p
+        text = tok.decode([t])
+        rows.append({"token": t, "text": text, "label": f"{text!r} #{t}", "p": float(p[t]), "q": float(q[t]),
+                     "spec": int(spec[t]) / n_samples, "target": int(plain[t]) / n_samples})
+    rest = torch.ones(p.numel(), dtype=torch.bool)
+    rest[[r["token"] for r in rows]] = False
+    rows.append({"token": -1, "text": "(other)", "label": "(all other tokens)", "p": float(p[rest].sum()),
+                 "q": float(q[rest].sum()), "spec": int(spec[rest].sum()) / n_samples,
+                 "target": int(plain[rest].sum()) / n_samples})
+    return {"temperature": temperature, "top_p": top_p, "n": n_samples, "context_tail": tok.decode(ctx[-12:]),
+            "alpha": alpha_of(p, q), "tv": tv(p, q), "support_p": int((p > 0).sum()),
+            "spec_vs_p": chi_square(spec, p), "target_vs_p": chi_square(plain, p), "rows": rows}
+
+
+@torch.no_grad()
+def measure_alpha(model, draft_model, tok, prompts: list, temperature: float = 1.0, top_p: float = 1.0,
+                  max_new_tokens: int = 32, seed: int = 0) -> dict:
+    """alpha as the mean over positions of sum_x min(p, q), along target-sampled continuations.
+
+    Chosen over counting acceptances because it is the exact per-position acceptance probability
+    (no Bernoulli noise), it is defined for every position (a counted rate only sees positions the
+    chain reached), and since sps is lossless its continuations have the same law as these. Greedy
+    (temperature 0) gives one-hot p and q, so alpha = P(argmax q = argmax p).
+    """
+    sampler = Sampler(temperature, 0, top_p)
+    draft = resolve_draft(model, draft_model)
+    dev = model.get_output_embeddings().weight.device
+    per_prompt, by_domain, all_a = [], {}, []
+    for i, rec in enumerate(_records(prompts)):
+        ids = _ids(tok, rec)
+        new = generate(model, tok, ids, "ar", max_new_tokens, temperature, top_p=top_p, seed=seed + i).token_ids
+        x = torch.tensor([ids + new], device=dev)
+        sl = slice(len(ids) - 1, len(ids) - 1 + len(new))  # the contexts each new token was drawn in
+        p = sampler.probs(model(x).logits[0, sl].float())
+        q = sampler.probs(draft(x).logits[0, sl].float())
+        a = torch.minimum(p, q).sum(-1).cpu().tolist()
+        all_a += a
+        per_prompt.append(statistics.mean(a))
+        by_domain.setdefault(rec.get("domain", "all"), []).extend(a)
+    return {"alpha": statistics.mean(all_a), "positions": len(all_a), "per_prompt": per_prompt,
+            "per_domain": {d: statistics.mean(v) for d, v in by_domain.items()}, "temperature": temperature}
+
+
+class _RecordingSps(DraftModelDrafter):
+    """sps drafter that logs (drafted, accepted) per step, so one timed bench also yields per-position stats."""
+
+    def __init__(self, draft_model, k: int, log: list[tuple[int, int]]):
+        super().__init__(draft_model, k)
+        self.log = log
+
+    def feedback(self, state, outcome) -> None:
+        super().feedback(state, outcome)
+        self.log.append((len(outcome.proposal), outcome.n_accepted))
+
+
+@contextlib.contextmanager
+def _sps_variants(draft, ks: list[int], logs: dict[int, list]) -> Iterator[list[str]]:
+    """Temporarily register "sps_k<K>" methods, so AR and every K share one interleaved bench call."""
+    names = [f"sps_k{k}" for k in ks]
+    for k, name in zip(ks, names):
+        METHODS[name] = lambda model, tokenizer, _k=k: _RecordingSps(draft, _k, logs[_k])
+    try:
+        yield names
+    finally:
+        for name in names:
+            METHODS.pop(name, None)
+
+
+def position_stats(log: list[tuple[int, int]], k: int) -> dict:
+    """Per draft position i: survival P(accepted > i), and the engine's conditional acceptance and alpha.
+
+    alpha_hat (engine.acceptance_rate) = accepted / tested tokens is the per-position acceptance the
+    formula assumes; accepted / drafted is not: for K > 1 it also counts never-tested positions.
+    """
+    surv = []
+    for i in range(k):
+        proposed = [a for d, a in log if d > i]
+        surv.append(sum(a > i for a in proposed) / len(proposed) if proposed else None)
+    return {"survival": surv, "conditional": position_acceptance(log), "alpha_hat": acceptance_rate(log)}
+
+
+def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, repeats: int = 3,
+            temperature: float = 1.0, top_p: float = 1.0, draft_model=None, seed: int = 0) -> list[dict]:
+    """Speedup vs draft length K: AR and sps for every K in ONE interleaved bench, one row per K.
+
+    Each row: measured alpha (bench's accepted/drafted), alpha_hat (per position), tau, tokens/s,
+    speedup vs AR, c (draft cost ratio), the formula's predicted speedup from alpha_hat and c (we do
+    not reuse bench's, which plugs accepted/drafted into the formula and so under-predicts for K > 1),
+    and acceptance per draft position.
+    """
+    ks = [check_k(k) for k in ks]
+    draft = resolve_draft(model, draft_model)
+    logs: dict[int, list] = {k: [] for k in ks}
+    recs = _records(prompts)
+    with _sps_variants(draft, ks, logs) as names:
+        for m in ["ar", *names]:  # our own warm-up, so the logs hold exactly the timed rounds
+            run_method(model, tok, recs[:1], m, max_new_tokens, temperature, top_p, seed, {})
+        for log in logs.values():
+            log.clear()
+        res = bench(model, tok, recs, ["ar", *names], max_new_tokens, repeats, temperature, top_p, seed, warmup=0)
+    rows = []
+    for k, name in zip(ks, names):
+        r, pos = res[name], position_stats(logs[k], k)
+        a = pos["alpha_hat"] if pos["alpha_hat"] is not None else 0.0
+        pred = predicted_speedup(a, k, r["c"]) if r.get("c") is not None else None
+        rows.append({"k": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
+                     "expected_tokens": expected_tokens(a, k), "tokens_per_s": r["tokens_per_s"],
+                     "ar_tokens_per_s": res["ar"]["tokens_per_s"], "speedup_vs_ar": r["speedup_vs_ar"],
+                     "c": r.get("c"), "predicted_speedup": pred,
+                     "measured_over_predicted": r["speedup_vs_ar"] / pred if pred else None,
+                     "position_acceptance": pos["conditional"], "position_survival": pos["survival"]})
+    return rows
+
+
+def compare_with_hf_assisted(model, tok, prompts: list, draft_model=None, k: int = 4, max_new_tokens: int = 64,
+                             repeats: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> dict:
+    """ar, hf, hf_assisted and sps on the same target/draft pair and K, in one interleaved bench."""
+    draft = resolve_draft(model, draft_model)
+    opts = {m: {"draft_model": draft, "k": check_k(k)} for m in ("sps", "hf_assisted")}
+    return bench(model, tok, _records(prompts), ["ar", "hf", "hf_assisted", "sps"], max_new_tokens, repeats,
+                 temperature, top_p, seed, opts)
+
+
+def _bf16_step(x: float) -> float:
+    """Spacing of bf16 numbers near x (8 significant bits): the size of a near-tie that can flip."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
+
+
+def parity_table(model, tok, prompts: list, new_tokens: int = 32, k: int = 4,
+                 dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> dict:
+    """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples."""
+    reps = measure_parity(model, [_ids(tok, p) for p in prompts], dtypes, new_tokens, check_k(k))
+    rows, examples, nearest = [], [], []
+    for name, rep in reps.items():
+        d = rep.to_dict()
+        rows.append({x: d[x] for x in ("dtype", "positions", "mismatches", "mismatch_rate", "max_abs_diff")})
+        for ex in d["examples"]:
+            examples.append(_describe(ex, name, tok))
+        for ex in d["nearest"]:
+            nearest.append(_describe(ex, name, tok))
+    return {"rows": rows, "examples": examples, "nearest": nearest}
+
+
+def _describe(ex: dict, dtype: str, tok) -> dict:
+    (t1, v1), (t2, v2) = ex["decode_top2"]
+    return {**ex, "dtype": dtype, "tokens": [tok.decode([t1]), tok.decode([t2])], "decode_gap": v1 - v2,
+            "bf16_step": _bf16_step(v1)}

@@ -1,0 +1,61 @@
+"""Chapter 03 helpers (Draft & Verify): what notebook 03 calls, so the notebook holds no algorithm."""
+from __future__ import annotations
+
+import torch
+
+from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter, time_per_token
+from dvi_lite.core.engine import decode
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.runner import Skip
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.draft_verify.search import AdaptiveThreshold, n_skipped, random_skips, skip_to_dict, uniform_skip
+
+
+def skip_matrix(skip: Skip, n_layers: int) -> list[list[int]]:
+    """2 x L grid for a layer diagram: row 0 attention, row 1 MLP; 1 = skipped while drafting."""
+    return [[int(i in skip.attn) for i in range(n_layers)], [int(i in skip.mlp) for i in range(n_layers)]]
+
+
+def random_baseline(model, tok, ratio: float, n: int, prompts: list[dict], max_new_tokens: int, seed: int = 0,
+                    progress: bool = True) -> list[dict]:
+    """The same objective on n random skip sets of the same ratio (the search's control)."""
+    from tqdm.auto import tqdm
+
+    n_layers = model.config.num_hidden_layers
+    rows = []
+    for s in tqdm(random_skips(n_layers, ratio, n, seed=seed + 1), desc="random skip sets", disable=not progress):
+        rows.append({"skip": skip_to_dict(s), "n_skipped": n_skipped(s),
+                     "value": time_per_token(model, tok, s, prompts, max_new_tokens)})
+    return rows
+
+
+def uniform_baseline(model, tok, ratio: float, prompts: list[dict], max_new_tokens: int) -> dict:
+    s = uniform_skip(model.config.num_hidden_layers, ratio)
+    return {"skip": skip_to_dict(s), "n_skipped": n_skipped(s), "value": time_per_token(model, tok, s, prompts, max_new_tokens)}
+
+
+@torch.no_grad()
+def gamma_trace(model, tok, prompt: str, skip: Skip, target_alpha: float, max_new_tokens: int = 256,
+                gamma0: float = 0.8, max_steps: int = 8, seed: int = 0) -> dict:
+    """One long greedy generation with adaptive draft-exiting: the AR and gamma traces per step."""
+    ctl = AdaptiveThreshold(target_alpha=target_alpha, gamma0=gamma0)
+    drafter = DraftVerifyDrafter(Runner.for_model(model), skip, max_steps, gamma0, ctl)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    _, stats = decode(Runner.for_model(model), drafter, ids, max_new_tokens, Sampler(), make_generator(seed), max_draft=max_steps)
+    return {"target_alpha": target_alpha, "ar": ctl.trace_ar, "gamma": ctl.trace_gamma,
+            "alpha": stats.alpha, "tau": stats.tau, "steps": len(stats.steps)}
+
+
+def head_to_head(model, tok, skips: dict[str, Skip], prompts: list[dict], max_new_tokens: int, rounds: int = 3) -> dict:
+    """The search objective re-measured fairly: every skip set in each round, order rotated, median.
+
+    One timing per skip set (as in the search and the random baseline) is noisy and taken minutes apart;
+    interleaved rounds put the candidates under the same machine state."""
+    import statistics
+
+    labels = list(skips)
+    vals: dict[str, list[float]] = {k: [] for k in labels}
+    for r in range(rounds):
+        for k in labels[r % len(labels):] + labels[: r % len(labels)]:
+            vals[k].append(time_per_token(model, tok, skips[k], prompts, max_new_tokens))
+    return {k: {"median": statistics.median(v), "rounds": v} for k, v in vals.items()}

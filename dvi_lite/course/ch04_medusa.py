@@ -1,0 +1,77 @@
+"""Chapter 04 helpers (Medusa): what notebook 04 calls, so the notebook holds no algorithm."""
+from __future__ import annotations
+
+import torch
+
+from dvi_lite.study.bench import bench
+from dvi_lite.core.engine import decode
+from dvi_lite.methods.medusa.drafter import MedusaHeads, medusa_summary
+from dvi_lite.methods.medusa.train import MedusaTrainConfig, head_accuracy, train_loop, val_losses
+from dvi_lite.core.registry import METHODS
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.runner import ancestor_matrix, tree_depths
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.course_model.train import encode_split
+
+
+def norm_lesson(model, tok, steps: int, batch_size: int = 4, seq_len: int = 128, num_heads: int = 4,
+                seed: int = 0) -> dict:
+    """Train heads briefly with and without the frozen final RMSNorm (same data, same seed).
+
+    Without the norm a head reads the raw residual stream, whose scale (hundreds, growing with depth)
+    is not what the LM head was trained on: the loss starts far higher and trains slower (Project
+    Gorgon's failure). Returns {variant: {"log", "val_loss", "accuracy"}}.
+    """
+    data, val = encode_split(tok, "train"), encode_split(tok, "val")
+    runner = Runner.for_model(model)
+    out = {}
+    for name, norm in (("with frozen RMSNorm", True), ("without RMSNorm", False)):
+        cfg = MedusaTrainConfig(heads=num_heads, steps=steps, batch_size=batch_size, seq_len=seq_len, norm=norm,
+                                shared_lm_head=True, warmup=max(1, min(20, steps // 5)), seed=seed)
+        torch.manual_seed(seed)
+        heads = MedusaHeads(model, num_heads, norm=norm, shared_lm_head=True)
+        before = val_losses(heads, runner, val, cfg, n_batches=1)
+        log = train_loop(heads, runner, data, cfg, progress=True)
+        out[name] = {"log": log, "val_loss_before": before, "val_loss": val_losses(heads, runner, val, cfg, n_batches=1),
+                     "accuracy": head_accuracy(model, tok, heads, n_windows=64, seed=seed)}
+    return out
+
+
+def tree_picture(parents: list[int]) -> dict:
+    """What the mask figure draws: the ancestor matrix of [root] + nodes, and each node's depth."""
+    p = torch.tensor([-1] + [x + 1 for x in parents])
+    return {"mask": ancestor_matrix(p).int().tolist(), "depth": tree_depths(p).tolist()}
+
+
+def per_head(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
+             **opts) -> dict:
+    """Run the medusa drafter over prompts and aggregate its log (per-head acceptance, tree size, tau)."""
+    drafter = METHODS["medusa"](model, tok, **opts)
+    r = Runner.for_model(model)
+    for i, p in enumerate(prompts):
+        ids = tok(p, add_special_tokens=False)["input_ids"]
+        decode(r, drafter, ids, max_new_tokens, Sampler(temperature), make_generator(seed + i), tok.eos_token_id,
+               max_draft=getattr(drafter, "max_draft", 64))
+    return medusa_summary(drafter.log, drafter.num_heads, drafter.top_k)
+
+
+def ablation_labels(grid: list[dict]) -> dict[str, dict]:
+    """Bench labels for a grid of medusa options ({"num_heads", "branch", "tree", "max_nodes", ...})."""
+    return {"medusa:" + ":".join(f"{k}={v}" for k, v in g.items()): {} for g in grid}
+
+
+def ablation(model, tok, prompts: list[dict], grid: list[dict], max_new_tokens: int, repeats: int = 1,
+             seed: int = 0) -> dict:
+    """One interleaved bench of AR + every grid point; rows get the mean tree size (nodes per step)."""
+    labels = ablation_labels(grid)
+    return bench(model, tok, prompts, ["ar", *labels], max_new_tokens, repeats, seed=seed)
+
+
+def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Points (cost, gain, label) not dominated by one with lower-or-equal cost and higher gain."""
+    front, best = [], float("-inf")
+    for c, g, lab in sorted(points, key=lambda t: (t[0], -t[1])):
+        if g > best:
+            front.append((c, g, lab))
+            best = g
+    return front

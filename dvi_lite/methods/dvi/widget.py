@@ -1,0 +1,369 @@
+"""An interactive DVI lab for notebook 05: sliders for the fast update's knobs, a live lambda_t curve,
+and a button that runs a short, real online-training run and streams its diagnostics into the figure.
+
+    w = LambdaWidget(model, train_prompts(tok, n_per_domain=20), DVIConfig(split=2), horizon=500)
+    w                      # (or w.display()) the controls + the live plotly FigureWidget
+    w.train(20)            # the same as the button: 20 fast steps, streamed into the figure
+    w.static_figure()      # a plain go.Figure of the current state, for executed notebooks / HTML export
+
+Controls (each has a stable `description` and a CSS class, so a browser test can find it):
+    tau          FloatLogSlider  "tau"          .dvi-tau        lambda's time constant (fast steps)
+    kl_floor     FloatSlider     "KL floor"     .dvi-kl-floor   lambda never drops below it
+    ce_weight    FloatSlider     "CE weight"    .dvi-ce-weight  weight of the CE anchor on the verifier's top-1
+    rl_variant   Dropdown        "RL variant"   .dvi-rl-variant "surrogate" | "reinforce"
+    lr           FloatLogSlider  "lr"           .dvi-lr         the draft's learning rate
+    steps        IntSlider       "steps"        .dvi-steps      N, fast steps per click
+    button       Button          "train N steps" .dvi-train
+    status       HTML                           .dvi-status     what happened last (errors included)
+    fig          FigureWidget                   .dvi-figure
+The whole box has class .dvi-widget.
+
+Figure traces (by name): row 1 "lambda_t" (the schedule for the current tau / KL floor, over fast steps
+t = 0 .. horizon-1), "lambda_used" (the lambda each training update actually used) and "current_step"
+(a vertical marker at the trainer's next fast step); row 2 "accept_rate" (right axis, [0, 1]), "loss",
+"l_kl", "l_rl" (left axis). Training traces are plotted at t = record["step"] - 1: the index of the update,
+the t its lambda_t was computed at, so "lambda_used" sits on "lambda_t" while tau and the floor are unchanged.
+
+When things apply: tau and the KL floor redraw the lambda_t curve at once; every control (tau, floor,
+CE weight, RL variant, lr) reaches the trainer on the NEXT click / train() call, never in the middle of
+a run. The trainer keeps counting fast steps across clicks, so a new tau re-times lambda at the current
+t (lambda can jump: the dots of "lambda_used" then leave the old curve). The learning rate goes into
+the trainer's config (its warm-up schedule scales it) and into the optimiser's param groups.
+
+Callbacks are bound methods of the widget and use no module state: two widgets never share anything.
+A callback never raises: an invalid value (e.g. a NaN typed into a slider from Python) is reported in
+`status` and the last valid configuration is kept.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import re
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dvi_lite.methods.dvi.losses import RL_VARIANTS, DVIConfig, lambda_curve
+
+# read-only: control attribute -> CSS class (what the browser test looks for)
+CSS_CLASSES = MappingProxyType({
+    "tau": "dvi-tau", "kl_floor": "dvi-kl-floor", "ce_weight": "dvi-ce-weight", "rl_variant": "dvi-rl-variant",
+    "lr": "dvi-lr", "steps": "dvi-steps", "button": "dvi-train", "status": "dvi-status", "fig": "dvi-figure",
+    "ui": "dvi-widget"})
+LAMBDA_TRACE = "lambda_t"
+STREAM_TRACES = ("accept_rate", "loss", "l_kl", "l_rl")  # record keys, also the trace names
+TRACE_NAMES = (LAMBDA_TRACE, "lambda_used", "current_step") + STREAM_TRACES
+CONFIG_FIELDS = ("tau", "kl_floor", "ce_weight", "rl_variant", "lr")  # DVIConfig fields the controls set
+
+_TIPS = MappingProxyType({
+    "tau": "time constant of lambda_t = max(KL floor, exp(-t / tau)), in fast steps",
+    "kl_floor": "lambda never drops below this: a residual KL keeps the draft near the verifier",
+    "ce_weight": "weight of the CE anchor on the verifier's top-1 (applies on the next training click)",
+    "rl_variant": "surrogate: -log q(top1 of p), low variance; reinforce: -(r - b) log q(token)",
+    "lr": "the draft's learning rate (applies on the next training click)",
+    "steps": "N: fast updates per click of 'train N steps'",
+})
+
+
+def _log_range(lo: float, hi: float, value: float, step: float) -> tuple[float, float]:
+    """Exponents (base 10) of a log slider spanning [lo, hi] and `value` (so a config value is never clamped),
+    with the lower end shifted onto value's grid: the browser snaps a slider to min + n * step and sends the
+    snapped value back, so an off-grid start would silently change the config (lr 3e-3 -> 3.16e-3)."""
+    if not (math.isfinite(value) and value > 0):
+        return math.log10(lo), math.log10(hi)
+    lo, hi = min(lo, value), max(hi, value)
+    v = math.log10(value)
+    lo_e = v - step * math.ceil((v - math.log10(lo)) / step - 1e-9)
+    hi_e = v + step * math.ceil((math.log10(hi) - v) / step - 1e-9)
+    return lo_e, hi_e
+
+
+class LambdaWidget:
+    """Sliders for tau, KL floor, CE weight, RL variant and lr; a live lambda_t plot; 'train N steps'.
+
+    model, prompts_ids: what OnlineTrainer gets (token-id lists, e.g. dvi.train_prompts(tok, ...)).
+    cfg: the starting DVIConfig (copied; default DVIConfig()); the controls start at its values.
+    horizon: fast steps shown by the lambda_t curve (it grows when training goes past it).
+    steps_per_click: the steps slider's start value. trainer_kwargs: extra OnlineTrainer keywords
+    (max_new_tokens, warmup, total_steps, ...; progress defaults to False).
+
+    Constructing the widget is cheap: the OnlineTrainer (the DVI policy, optimiser, buffer) is built
+    on the first train() / click. `records` holds every training record so far (OnlineTrainer.train's dicts).
+    """
+
+    def __init__(self, model, prompts_ids: Sequence[Sequence[int]], cfg: DVIConfig | None = None,
+                 horizon: int = 500, steps_per_click: int = 10, trainer_kwargs: dict[str, Any] | None = None):
+        if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 2:
+            raise ValueError(f"horizon must be an int >= 2, got {horizon!r}")
+        if not isinstance(steps_per_click, int) or isinstance(steps_per_click, bool) or steps_per_click < 1:
+            raise ValueError(f"steps_per_click must be an int >= 1, got {steps_per_click!r}")
+        self.model = model
+        self.prompts_ids = [list(p) for p in prompts_ids]
+        self.cfg = dataclasses.replace(cfg if cfg is not None else DVIConfig())  # own copy (validated)
+        self.horizon = horizon
+        self.trainer_kwargs = {"progress": False, **(trainer_kwargs or {})}
+        self.trainer = None  # OnlineTrainer, built lazily by train()
+        self.records: list[dict[str, Any]] = []
+        self._busy = False
+        self._stream: dict[str, tuple[list[float], list[float | None]]] = {n: ([], []) for n in ("lambda_used",) + STREAM_TRACES}
+        c = self.cfg
+        style = {"description_width": "initial"}
+        t_lo, t_hi = _log_range(5.0, 1000.0, c.tau, 0.01)
+        self.tau = widgets.FloatLogSlider(value=c.tau, base=10, min=t_lo, max=t_hi, step=0.01, description="tau",
+                                          readout_format=".3g", style=style, tooltip=_TIPS["tau"])
+        self.kl_floor = widgets.FloatSlider(value=c.kl_floor, min=0.0, max=1.0, step=0.01, description="KL floor",
+                                            readout_format=".2f", style=style, tooltip=_TIPS["kl_floor"])
+        self.ce_weight = widgets.FloatSlider(value=c.ce_weight, min=0.0, max=max(1.0, c.ce_weight), step=0.01,
+                                             description="CE weight", readout_format=".2f", style=style,
+                                             tooltip=_TIPS["ce_weight"])
+        self.rl_variant = widgets.Dropdown(options=list(RL_VARIANTS[::-1]), value=c.rl_variant, description="RL variant",
+                                           style=style, tooltip=_TIPS["rl_variant"])
+        l_lo, l_hi = _log_range(1e-4, 1e-1, c.lr, 0.05)
+        self.lr = widgets.FloatLogSlider(value=c.lr, base=10, min=l_lo, max=l_hi, step=0.05, description="lr",
+                                         readout_format=".1e", style=style, tooltip=_TIPS["lr"])
+        self.steps = widgets.IntSlider(value=steps_per_click, min=1, max=max(200, steps_per_click), step=1,
+                                       description="steps", style=style, tooltip=_TIPS["steps"])
+        self.button = widgets.Button(description="train N steps", button_style="primary", icon="play",
+                                     tooltip="run N (the steps slider) fast updates of real online DVI training")
+        self.status = widgets.HTML(value="")
+        self.fig = self._make_figure()
+        for name in CSS_CLASSES:
+            if name != "ui":
+                getattr(self, name).add_class(CSS_CLASSES[name])
+        for w in (self.tau, self.kl_floor):
+            w.observe(self._on_schedule_change, names="value")
+        for w in (self.ce_weight, self.rl_variant, self.lr):
+            w.observe(self._on_config_change, names="value")
+        self.button.on_click(self._on_click)
+        self._ui: widgets.VBox | None = None
+        self._say(self._schedule_text())
+
+    # ------------------------------------------------------------------ figure
+    def _make_figure(self) -> go.FigureWidget:
+        base = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                             specs=[[{}], [{"secondary_y": True}]],
+                             subplot_titles=("KL weight λ_t = max(KL floor, exp(-t / τ))",
+                                             "online training: acceptance and losses"))
+        try:
+            fig = go.FigureWidget(base)
+        except ImportError as e:  # plotly >= 6 builds FigureWidget on anywidget
+            raise ImportError(f"LambdaWidget needs plotly's FigureWidget, which needs anywidget: pip install "
+                              f"anywidget (it is a dependency in pyproject.toml) ({e})") from e
+        c = self.cfg
+        ts = list(range(self.horizon))
+        fig.add_scatter(x=ts, y=lambda_curve(self.horizon, c.tau, c.kl_floor), name=LAMBDA_TRACE, mode="lines",
+                        line={"color": "#1f77b4", "width": 3}, row=1, col=1)
+        fig.add_scatter(x=[], y=[], name="lambda_used", mode="markers", marker={"color": "#ff7f0e", "size": 6},
+                        row=1, col=1)
+        fig.add_scatter(x=[0, 0], y=[0.0, 1.05], name="current_step", mode="lines",
+                        line={"color": "gray", "dash": "dash"}, row=1, col=1)
+        fig.add_scatter(x=[], y=[], name="accept_rate", mode="lines+markers", line={"color": "#2ca02c"},
+                        row=2, col=1, secondary_y=True)
+        for name, color in (("loss", "#d62728"), ("l_kl", "#9467bd"), ("l_rl", "#8c564b")):
+            fig.add_scatter(x=[], y=[], name=name, mode="lines", line={"color": color}, row=2, col=1)
+        fig.update_yaxes(title_text="λ_t", range=[0, 1.05], row=1, col=1)
+        fig.update_yaxes(title_text="loss", row=2, col=1, secondary_y=False)
+        fig.update_yaxes(title_text="accept rate", range=[0, 1], row=2, col=1, secondary_y=True)
+        fig.update_xaxes(title_text="fast step t", row=2, col=1)
+        fig.update_layout(height=620, margin={"t": 60, "b": 40, "l": 60, "r": 60},
+                          legend={"orientation": "h", "y": -0.12})
+        return fig
+
+    def trace(self, name: str):
+        """The FigureWidget's trace called `name` (see TRACE_NAMES)."""
+        for tr in self.fig.data:
+            if tr.name == name:
+                return tr
+        raise KeyError(f"no trace {name!r}; traces: {[t.name for t in self.fig.data]}")
+
+    def _curve_len(self) -> int:
+        step = self.trainer.fast_step if self.trainer is not None else 0
+        return max(self.horizon, step + 1)
+
+    def _redraw_lambda(self, tau: float, kl_floor: float) -> None:
+        n = self._curve_len()
+        ys = lambda_curve(n, tau, kl_floor)  # raises ValueError on a bad tau / floor: nothing drawn then
+        step = self.trainer.fast_step if self.trainer is not None else 0
+        with self.fig.batch_update():
+            lam = self.trace(LAMBDA_TRACE)
+            lam.x, lam.y = tuple(range(n)), tuple(ys)
+            self.trace("current_step").x = (step, step)
+
+    # ------------------------------------------------------------------ status
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#b00020" if error else "inherit"
+        self.status.value = f'<span style="color:{color}">{html.escape(text)}</span>'
+
+    @property
+    def status_text(self) -> str:
+        """The status line as plain text (what the HTML label shows)."""
+        return html.unescape(re.sub(r"<[^>]+>", "", self.status.value))
+
+    def _schedule_text(self) -> str:
+        c = self.cfg
+        if c.kl_floor <= 0:
+            return f"λ_t = exp(-t/τ), τ = {c.tau:.3g}: λ falls to 0.05 by t ≈ {c.tau * math.log(20):.0f}"
+        if c.kl_floor >= 1:
+            return "KL floor = 1: λ_t = 1 forever (pure distillation, no RL term)"
+        return (f"λ_t = max({c.kl_floor:.2f}, exp(-t/{c.tau:.3g})): reaches the floor at "
+                f"t = τ·ln(1/floor) ≈ {c.tau * math.log(1 / c.kl_floor):.0f}")
+
+    # ------------------------------------------------------------------ config from the controls
+    def _candidate(self) -> DVIConfig:
+        """The config the controls describe now (ValueError if invalid); self.cfg is not touched."""
+        vals = {"tau": float(self.tau.value), "kl_floor": float(self.kl_floor.value),
+                "ce_weight": float(self.ce_weight.value), "rl_variant": self.rl_variant.value,
+                "lr": float(self.lr.value)}
+        return dataclasses.replace(self.cfg, **vals)  # DVIConfig.__post_init__ validates
+
+    def _on_schedule_change(self, change: dict) -> None:
+        """tau / KL floor moved: validate, then redraw lambda_t at once. Never raises."""
+        try:
+            cand = self._candidate()
+            self._redraw_lambda(cand.tau, cand.kl_floor)
+            self.cfg = cand
+            self._say(self._schedule_text())
+        except Exception as e:  # a callback must not raise into the kernel's comm handler
+            self._say(f"invalid setting, kept the last valid one: {e}", error=True)
+
+    def _on_config_change(self, change: dict) -> None:
+        """CE weight / RL variant / lr moved: validate; used by the NEXT training click. Never raises."""
+        try:
+            self.cfg = self._candidate()
+            c = self.cfg
+            self._say(f"next run: rl_variant={c.rl_variant}, ce_weight={c.ce_weight:.2f}, lr={c.lr:.1e}")
+        except Exception as e:
+            self._say(f"invalid setting, kept the last valid one: {e}", error=True)
+
+    # ------------------------------------------------------------------ training
+    def _ensure_trainer(self):
+        if self.trainer is None:
+            from dvi_lite.methods.dvi.learner import OnlineTrainer  # heavy (peft); only when training is asked for
+
+            self.trainer = OnlineTrainer(self.model, self.prompts_ids, dataclasses.replace(self.cfg),
+                                         **self.trainer_kwargs)
+        return self.trainer
+
+    def _apply_config(self, trainer, cfg: DVIConfig) -> None:
+        """Copy the control-driven fields into the trainer's config; lr also into the optimiser now."""
+        cfg.validate(trainer.runner.n_layers)
+        for f in CONFIG_FIELDS:
+            setattr(trainer.cfg, f, getattr(cfg, f))
+        lr = trainer.lr(trainer.fast_step)  # the trainer's schedule (warm-up) of the new base lr
+        for g in trainer.fast_opt.param_groups:
+            g["lr"] = lr
+
+    def train(self, n: int | None = None) -> list[dict[str, Any]]:
+        """Run n (default: the steps slider) fast updates of real online DVI training; returns their records.
+
+        The current control values are applied first. Invalid control values: the error goes to the
+        status line and nothing runs (returns []). Errors during training (e.g. a NaN loss) are shown
+        in the status line and raised (the button's handler only shows them).
+        """
+        if self._busy:
+            self._say("training is already running", error=True)
+            return []
+        if n is None:
+            n = int(self.steps.value)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            self._say(f"steps must be an int >= 1, got {n!r}", error=True)
+            return []
+        try:
+            cand = self._candidate()
+            trainer = self._ensure_trainer()
+            self._apply_config(trainer, cand)
+        except ValueError as e:
+            self._say(f"cannot train with these settings: {e}", error=True)
+            return []
+        self.cfg = cand
+        self._busy, self.button.disabled = True, True
+        self._say(f"training {n} fast steps from t = {trainer.fast_step} ...")
+        try:
+            recs = trainer.train(n, callback=self._on_record)
+        except Exception as e:
+            self._say(f"training stopped: {type(e).__name__}: {e}", error=True)
+            raise
+        finally:
+            self._busy, self.button.disabled = False, False
+            try:
+                self._redraw_lambda(self.cfg.tau, self.cfg.kl_floor)  # the curve follows t past the horizon
+            except ValueError:
+                pass
+        last = recs[-1] if recs else None
+        if last is not None:
+            self._say(f"done: {n} steps, t = {trainer.fast_step}; " + self._record_text(last))
+        return recs
+
+    @staticmethod
+    def _record_text(rec: dict[str, Any]) -> str:
+        acc = rec.get("accept_rate")
+        acc_s = "n/a" if acc is None else f"{acc:.2f}"
+        return (f"λ = {rec['lambda']:.3f}, accept rate = {acc_s}, loss = {rec['loss']:.3f} "
+                f"(KL {rec['l_kl']:.3f}, RL {rec['l_rl']:.3f})")
+
+    def _on_record(self, rec: dict[str, Any]) -> None:
+        """OnlineTrainer's per-step callback: keep the record, append its points to the streaming traces."""
+        self.records.append(rec)
+        t = rec["step"] - 1  # the update's index: the t its lambda_t was computed at
+        for name, key in (("lambda_used", "lambda"),) + tuple((k, k) for k in STREAM_TRACES):
+            xs, ys = self._stream[name]
+            xs.append(t)
+            v = rec.get(key)
+            ys.append(None if v is None or not math.isfinite(v) else float(v))
+        with self.fig.batch_update():
+            for name, (xs, ys) in self._stream.items():
+                tr = self.trace(name)
+                tr.x, tr.y = tuple(xs), tuple(ys)
+            self.trace("current_step").x = (rec["step"], rec["step"])
+        self._say(f"step {rec['step']}: " + self._record_text(rec))
+
+    def _on_click(self, _button=None) -> None:
+        """The button's handler: train(steps slider); never raises (errors are in the status line)."""
+        try:
+            self.train()
+        except Exception:
+            pass  # train() already put the error into the status line
+
+    # ------------------------------------------------------------------ display
+    def static_figure(self) -> go.Figure:
+        """A plain go.Figure copy of the current state (lambda curve + training traces): renders without
+        a widget manager, so an executed notebook / exported HTML shows the result."""
+        fig = go.Figure(self.fig)
+        c = self.cfg
+        fig.update_layout(title={"text": f"DVI λ_t (τ = {c.tau:.3g}, KL floor = {c.kl_floor:.2f}) after "
+                                         f"{len(self.records)} fast steps ({c.rl_variant}, lr = {c.lr:.1e})",
+                                 "font": {"size": 14}}, margin={"t": 90})
+        return fig
+
+    def save_static(self, name: str = "05_dvi_lambda_widget", smoke: bool = False) -> list:
+        """Write static_figure() with plots.save_figure (HTML, PNG when a browser exists)."""
+        from dvi_lite.course.plots import save_figure
+
+        return save_figure(self.static_figure(), name, smoke=smoke)
+
+    @property
+    def controls(self) -> list[widgets.Widget]:
+        return [self.tau, self.kl_floor, self.ce_weight, self.rl_variant, self.lr, self.steps]
+
+    @property
+    def ui(self) -> widgets.VBox:
+        """VBox(controls, button + status, figure); the same box every time."""
+        if self._ui is None:
+            self._ui = widgets.VBox([widgets.HBox([self.tau, self.kl_floor, self.ce_weight]),
+                                     widgets.HBox([self.rl_variant, self.lr, self.steps]),
+                                     widgets.HBox([self.button, self.status]), self.fig])
+            self._ui.add_class(CSS_CLASSES["ui"])
+        return self._ui
+
+    def display(self) -> None:
+        from IPython.display import display
+
+        display(self.ui)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.ui._repr_mimebundle_(**kwargs)

@@ -1,0 +1,33 @@
+"""transformers' own decoding as baselines: `generate`, assisted generation and prompt lookup.
+
+They are not drafters for our loop: each factory returns an `HFBaseline`, the keyword arguments that
+`model.generate` gets, and `dvi_lite.generate` times that call the same way as our engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class HFBaseline:
+    """Extra keyword arguments for transformers' `model.generate`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def hf_generate(model, tokenizer) -> HFBaseline:
+    """transformers' `generate` (greedy or sampling): the reference our AR must match."""
+    return HFBaseline()
+
+
+def hf_assisted(model, tokenizer, draft_model=None, k: int = 4) -> HFBaseline:
+    """transformers' assisted generation with the same draft model as `sps`, at a constant K."""
+    from dvi_lite.methods.sps import resolve_draft
+
+    return HFBaseline({"assistant_model": resolve_draft(model, draft_model), "num_assistant_tokens": k,
+                       "num_assistant_tokens_schedule": "constant"})
+
+
+def hf_prompt_lookup(model, tokenizer, k: int = 6) -> HFBaseline:
+    """transformers' prompt lookup decoding: drafts K tokens by n-gram match on the prompt."""
+    return HFBaseline({"prompt_lookup_num_tokens": k})

@@ -1,0 +1,86 @@
+"""Classic speculative sampling (Leviathan et al. 2023; Chen et al. 2023): a small draft model drafts.
+
+The drafter keeps its own KV cache in step with the target's. Invariant (same as the target's):
+the draft cache holds every committed token except those in `self.todo`, the tokens it has not
+run yet (normally just the pending token; after a fully accepted step also the last draft token,
+which the draft proposed but never fed back through itself).
+"""
+from __future__ import annotations
+
+import torch
+
+from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
+from dvi_lite.core.runner import Runner
+from dvi_lite.models.loading import load_draft_model, vocab_size
+
+
+def check_k(k) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k (draft length) must be an int >= 1, got {k!r}")
+    return k
+
+
+_LOADED: dict = {}  # (path, dtype, device) -> draft model: load once, not on every generate() call
+
+
+def resolve_draft(model, draft_model=None):
+    """The given draft model (object or folder), or the committed course draft model (loaded once).
+
+    Checks the vocabularies agree: rejection sampling compares p and q token by token.
+    """
+    if draft_model is None or isinstance(draft_model, (str, bytes)) or hasattr(draft_model, "__fspath__"):
+        key = (str(draft_model), next(model.parameters()).dtype, str(model.get_output_embeddings().weight.device))
+        if key not in _LOADED:
+            _LOADED[key] = load_draft_model(draft_model, dtype=key[1], device=key[2])
+        draft_model = _LOADED[key]
+    if vocab_size(draft_model) != vocab_size(model):
+        raise ValueError(f"draft model vocabulary ({vocab_size(draft_model)}) differs from the target's "
+                         f"({vocab_size(model)}): speculative sampling needs the same tokenizer")
+    return draft_model
+
+
+class DraftModelDrafter(Drafter):
+    name = "sps"
+
+    def __init__(self, draft_model, k: int = 4):
+        self.runner = Runner.for_model(draft_model)
+        self.k = check_k(k)
+        self.max_draft = self.k
+
+    def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:
+        self.cache = self.runner.new_cache(state.cache.max_len)
+        self.runner.forward(prompt, self.cache)
+        self.todo = [state.pending]
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        k = max(1, min(self.k, state.remaining - 1))  # no point drafting past the end
+        self.base = len(self.cache)
+        self.n_todo = len(self.todo)
+        inp = torch.tensor([self.todo], device=state.device)
+        tokens, qs = [], []
+        for i in range(k):
+            logits, _ = self.runner.forward(inp, self.cache)
+            last = logits[0, -1]  # (V,)
+            if state.sampler.greedy:
+                x = int(last.argmax())
+            else:
+                q = state.sampler.probs(last)
+                x = int(torch.multinomial(q, 1, generator=state.gen))
+                qs.append(q)
+            tokens.append(x)
+            if i < k - 1:
+                inp = torch.tensor([[x]], device=state.device)
+        q = torch.stack(qs) if qs else None
+        return Proposal(torch.tensor(tokens, device=state.device), q)
+
+    def feedback(self, state: DecodeState, outcome: Outcome) -> None:
+        n, k = outcome.n_accepted, len(outcome.proposal)
+        # the draft ran todo + tokens[:k-1]; keep todo + the accepted ones it has run
+        self.cache.crop(self.base + self.n_todo + min(n, k - 1))
+        self.todo = ([int(outcome.proposal.tokens[-1])] if n == k else []) + [outcome.next_token]
+
+
+def make_drafter(model, tokenizer, draft_model=None, k: int = 4) -> Drafter:
+    """Speculative sampling with a separate small draft model (default: data/draft_model)."""
+    return DraftModelDrafter(resolve_draft(model, draft_model), k)

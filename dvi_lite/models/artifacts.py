@@ -1,0 +1,64 @@
+"""Where the trained pieces of each method live for a given base model.
+
+The course model's adapter, heads, skip set and DVI head are committed under data/. Any other model (a
+local HF checkpoint on a GPU) gets its own folder, build/models/<fingerprint>/, with the same layout,
+so the loaders' defaults find the right files, the trainers never overwrite the course model's, and
+`python -m dvi_lite.study.prepare --model <folder>` can fill it before the notebooks run on that model.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+from dvi_lite.paths import DATA_DIR
+
+# fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
+# changes it, and then every committed artifact must be retrained too.
+COURSE_FINGERPRINT = "274854da25190221"
+MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
+
+
+def fingerprint(model) -> str:
+    """Identifies the base model a trained piece belongs to (config + a weight checksum)."""
+    c = model.config
+    w = model.get_input_embeddings().weight
+    probe = w[:: max(1, w.shape[0] // 64)].float().sum().item()
+    key = f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}-{w.shape[0]}-{probe:.6e}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def artifacts_dir(model) -> Path:
+    """data/ for the course model, build/models/<fingerprint>/ for any other."""
+    fp = fingerprint(model)
+    return DATA_DIR if fp == COURSE_FINGERPRINT else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
+
+
+_PIECES: dict[tuple, tuple[weakref.ref, Any]] = {}  # (kind, fingerprint, file, mtime, dtype, device, extra)
+
+
+def load_cached(kind: str, model, path: str | Path, loader: Callable[[], Any], extra: Hashable = None) -> Any:
+    """A trained piece (adapter, heads, policy, draft model) for `model`, loaded from `path` once.
+
+    The one cache for every method's trained pieces. Keyed by the model's fingerprint, the file (and its
+    modification time, so a retrained file is reloaded), the model's dtype and device, and `extra`; an
+    entry also holds a weak reference to the model it was loaded for, so a new model that reuses a dead
+    one's id() never receives a piece built against the other's tensors.
+    """
+    p = Path(path).resolve()
+    w = next(model.parameters())
+    key = (kind, fingerprint(model), str(p), p.stat().st_mtime_ns if p.exists() else None, w.dtype, str(w.device),
+           extra)
+    hit = _PIECES.get(key)
+    if hit is not None and hit[0]() is model:
+        return hit[1]
+    piece = loader()
+    _PIECES[key] = (weakref.ref(model), piece)
+    return piece
+
+
+def clear_cache() -> None:
+    """Forget every loaded piece (tests; after retraining in-process)."""
+    _PIECES.clear()

@@ -1,0 +1,61 @@
+"""Provenance for every number we write: commit, device, versions, command, date."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from dvi_lite.paths import ROOT
+RESULTS_DIR = ROOT / "results"
+RUN_OUTPUTS = (":!results", ":!figures", ":!README.md", ":!data/draft_verify/skip.json", ":!data/dvi")
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        # outputs a full run rewrites itself (results, figures, the README table, notebook 03's skip set,
+        # notebook 05's trained head) do not make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *RUN_OUTPUTS],
+                               cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if sha.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: str | torch.device | None = None) -> str:
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def provenance(command: str | None = None, device: str | torch.device | None = None, **extra) -> dict:
+    import transformers
+
+    return {
+        "commit": git_commit(),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "command": command if command is not None else " ".join(sys.argv),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def write_result(name: str, payload: dict, command: str | None = None, smoke: bool = False,
+                 out_dir: Path | None = None) -> Path:
+    """Write results/<name>.json with provenance. Smoke runs go to build/results (never committed)."""
+    out_dir = out_dir or (ROOT / "build" / "results" if smoke else RESULTS_DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    body = {"provenance": provenance(command, smoke=smoke), **payload}
+    path.write_text(json.dumps(body, indent=2, default=float) + "\n")
+    return path

@@ -1,0 +1,131 @@
+"""The README's results section, generated from results/*.json (never hand-edited).
+
+`python -m dvi_lite.study.report` rewrites the block between the two markers in README.md; a test checks
+that the committed README equals what this module renders from the committed JSON.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dvi_lite.study.provenance import RESULTS_DIR, ROOT
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+README = ROOT / "README.md"
+
+
+def _f(x, p: int = 2) -> str:
+    return "–" if x is None else f"{x:.{p}f}"
+
+
+def _range(xs: list[float] | None) -> str:
+    """min–max over the timed rounds: how much of a difference between two rows is noise."""
+    return "–" if not xs else f"{min(xs):.1f}–{max(xs):.1f}"
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else n / 2**20
+
+
+def _held_mb(m: dict | None) -> float | None:
+    return None if not m else _mb(m["target_bytes"] + m["extra_bytes"] + m["kv_bytes"])
+
+
+def render_study(body: dict) -> list[str]:
+    """The study's table (notebook 06): every method, greedy and sampling, and the papers beside ours."""
+    study, mem = body["study"], body.get("memory", {})
+    # held = weights + extra parameters + KV cache (an accounting, comparable on CPU); peak = measured (CUDA)
+    peak = int(any(r.get("peak_mem_bytes") is not None for r in study["greedy"].values()))
+    names = [n for n in study if n != "greedy"]
+    prov = body.get("provenance", {})
+    s = body.get("settings", {})
+    out = [f"**The study (06_results)** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
+           f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × {s.get('max_new_tokens', '?')} tokens, "
+           "median of interleaved rounds\n",
+           "| method | tok/s | rounds | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
+           " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params | held MB |"
+           + (" peak MB |" if peak else ""),
+           "|---|" + "---:|" * (13 + len(names) + peak)]
+    g = study["greedy"]
+    ar_dom = g.get("ar", {}).get("domains", {})
+    for m, r in g.items():
+        dom = r.get("domains", {})
+        dsp = [dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None for d in ("code", "prose")]
+        samp = " | ".join(_f(study[n].get(m, {}).get("speedup_vs_ar")) for n in names)
+        out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_range(r.get('tokens_per_s_rounds'))} | "
+                   f"{_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
+                   f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
+                   f"{_f(r.get('measured_over_predicted'))} | {_f(dsp[0])} | {_f(dsp[1])} | "
+                   f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} | "
+                   f"{_f(_held_mb(mem.get(m)), 1)} |" + (f" {_f(_mb(r.get('peak_mem_bytes')), 1)} |" if peak else ""))
+    out += ["", "rounds: tok/s of the slowest and fastest timed round (differences inside that range are noise) · "
+            "c: draft cost per draft token in target forwards · predicted: the speedup formula with the measured α, "
+            "K and c · distinct: distinct-token fraction of the outputs (a looping model inflates acceptance) · "
+            "held MB: weights + extra parameters + a 512-position KV cache" + (" · peak MB: CUDA allocator peak" if peak else ""),
+            "", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
+    for p in body.get("papers", []):
+        gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"
+        out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | {gpu} | {p['why']} |")
+    out.append("")
+    return out
+
+
+def render_timings(body: dict) -> list[str]:
+    """One table: how long `make reproduce` took, per notebook and in all (results/reproduce.json)."""
+    prov, nbs = body.get("provenance", {}), body["notebooks_s"]
+    setup = body.get("setup_s")
+    out = [f"**`{prov.get('command', 'make reproduce')}` wall time** · {prov.get('device', '?')} · commit "
+           f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')}\n",
+           "| " + " | ".join(["setup", *(n.split(".")[0] for n in nbs), "total"]) + " |",
+           "|" + "---:|" * (len(nbs) + 2),
+           "| " + " | ".join([_f(None if setup is None else setup / 60, 1), *(_f(v / 60, 1) for v in nbs.values()),
+                             _f(body["total_s"] / 60, 1)]) + " |",
+           "", "(minutes; setup = creating `.venv` and installing, as a fresh clone pays it)", ""]
+    return out
+
+
+def render(results_dir: Path = RESULTS_DIR) -> str:
+    """Markdown tables, one per results file that has a "methods" block (the study gets its full table)."""
+    study, timings, parts = [], [], []
+    for f in sorted(results_dir.glob("*.json")):
+        body = json.loads(f.read_text())
+        if "notebooks_s" in body:
+            timings = render_timings(body)
+            continue
+        methods = body.get("methods")
+        if not methods:
+            continue
+        if "study" in body:
+            study = render_study(body)  # the headline table goes first, then how long the run took
+            continue
+        prov = body.get("provenance", {})
+        s = body.get("settings", {})
+        parts.append(f"**{f.stem}** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
+                     f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × {s.get('max_new_tokens', '?')} tokens\n")
+        parts.append("| method | tokens/s | speedup vs AR | τ | α |\n|---|---:|---:|---:|---:|")
+        for m, r in methods.items():
+            parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | "
+                         f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
+        parts.append("")
+    if not (study or timings or parts):
+        return "_No full-run results yet: run `make reproduce`._\n"
+    return "\n".join(study + timings + parts)
+
+
+def section(text: str) -> str:
+    """The current results block of a README text."""
+    if START not in text or END not in text:
+        raise ValueError(f"README has no results markers {START} ... {END}")
+    return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def update_readme(readme: Path = README, results_dir: Path = RESULTS_DIR) -> None:
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{START}\n{render(results_dir)}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    update_readme()
+    print(f"updated the results section of {README}")

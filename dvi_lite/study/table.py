@@ -1,0 +1,121 @@
+"""Chapter 06 (the study): every method in one benchmark run, the papers' claims beside ours.
+
+What the notebook calls: `method_options` (how each method is configured in the study), `extra_params`
+(parameters a method adds to the target), `memory` (what it holds besides the target), `run_study`
+(one interleaved bench per sampling setting), `iso_speedup` (the formula's lines for the tau-vs-cost plot)
+and `PAPERS` (headline claims, transcribed from ../shared/REFERENCE.md with their sources).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dvi_lite.study.bench import bench
+from dvi_lite.models.loading import DRAFT_MODEL
+
+# method -> (paper, headline claim as the authors report it, setting); from REFERENCE.md, not measured here
+PAPERS: dict[str, dict] = {
+    "sps": {"paper": "Leviathan et al. 2023; Chen et al. 2023", "claim": "2–3× (T5-XXL); 2–2.5× (Chinchilla 70B)",
+            "speedup": 2.0, "setting": "T5-XXL / Chinchilla 70B, TPU/GPU"},
+    "hf_assisted": {"paper": "transformers assisted generation", "claim": "up to 2.7× (dynamic speculation)",
+                    "speedup": 2.7, "setting": "various, GPU"},
+    "kangaroo": {"paper": "Liu et al. 2024", "claim": "up to 1.68×", "speedup": 1.68,
+                 "setting": "Vicuna-7B, Spec-Bench, exit layer 2, η = 0.6"},
+    "draft_verify": {"paper": "Zhang et al. ACL 2024", "claim": "up to 1.99× (70B); 1.58× (13B, maintainers)",
+                     "speedup": 1.99, "setting": "LLaMA-2-70B CNN/DM"},
+    "medusa": {"paper": "Cai et al. 2024", "claim": "2.18× (Medusa-1)", "speedup": 2.18,
+               "setting": "Vicuna-7B; head top-1 acc. 0.56/0.32/0.20/0.15/0.12"},
+    "dvi": {"paper": "Bhansali & Heck 2025", "claim": "2.16×", "speedup": 2.16,
+            "setting": "Spec-Bench (target unverified; repo default Llama-2-7b-hf)"},
+}
+
+# why a course-scale CPU number differs from the paper's, one line per method
+WHY = {
+    "sps": "12-layer 11M target vs 70B: the draft costs c ≈ 0.2 of a target token instead of ≈ 0.05, and a K+1-token verify is ≈ 1.6× a 1-token forward on CPU",
+    "hf_assisted": "the same draft as sps, but HF's drafting loop has more per-token overhead than our engine on a tiny model",
+    "kangaroo": "2 of 12 layers + adapter + an 8192-vocab head make a draft step cost a large share of a forward (c in the table; ≈ 0.07 on Vicuna-7B); the adapter saw 0.6M tokens",
+    "draft_verify": "12 small layers are far less redundant than 80, so acceptance stays low; and skipping half the "
+                    "sub-layers still costs about a forward per draft token on a CPU (c in the table: the LM head "
+                    "and per-call overhead are not skipped)",
+    "medusa": "heads trained briefly on a CPU; tree verification of many nodes is not free on a CPU as it is on a GPU",
+    "dvi": "the exit head learns online for a few hundred steps on a CPU; same draft-cost limits as Kangaroo",
+}
+
+
+def method_options(split: int = 2) -> dict[str, dict]:
+    """The study's configuration of each method (committed artifacts; paper defaults where they exist)."""
+    return {"sps": {"k": 4}, "hf_assisted": {"k": 4}, "kangaroo": {"split": split},
+            "draft_verify": {}, "medusa": {}, "dvi": {"split": split}}
+
+
+def _count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def extra_params(model, method: str, options: dict | None = None) -> int:
+    """Parameters a method adds on top of the target (0 for AR, HF and Draft & Verify)."""
+    options = options or {}
+    if method in ("sps", "hf_assisted"):
+        from dvi_lite.methods.sps import resolve_draft
+
+        return _count(resolve_draft(model, options.get("draft_model")))
+    if method == "kangaroo":
+        from dvi_lite.methods.kangaroo.drafter import load_adapter
+
+        return _count(load_adapter(model, options.get("split", 2), options.get("adapter")))
+    if method == "medusa":
+        from dvi_lite.methods.medusa import drafter as medusa
+
+        return _count(medusa.load_heads(model, options.get("heads")))
+    if method == "dvi":
+        from dvi_lite.methods.dvi.learner import load_policy
+
+        pol = load_policy(model, options.get("state"), options.get("split"))
+        return sum(p.numel() for n, p in pol.named_parameters() if "lora_S" in n or p.requires_grad)
+    return 0
+
+
+def kv_bytes(model, positions: int) -> int:
+    """Bytes of the target's KV cache for `positions` tokens (what every method holds)."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    return 2 * c.num_hidden_layers * kv * head_dim * positions * next(model.parameters()).element_size()
+
+
+def memory(model, method: str, options: dict, positions: int) -> dict:
+    """Memory a method holds: the target's weights + its extra parameters + the KV cache (bytes).
+
+    On CUDA, `bench` also measures each method's peak (torch.cuda.max_memory_allocated, reset before
+    every method's run: "peak_mem_bytes"); on CPU there is no allocator counter for torch tensors, so
+    this accounting is the comparable number there.
+    """
+    el = next(model.parameters()).element_size()
+    extra = extra_params(model, method, options)
+    return {"target_bytes": _count(model) * el, "extra_params": extra, "extra_bytes": extra * el,
+            "kv_bytes": kv_bytes(model, positions)}
+
+
+def run_study(model, tok, prompts: list[dict], methods: list[str], settings: list[dict], max_new_tokens: int,
+              repeats: int, seed: int = 0, options: dict | None = None) -> dict[str, dict]:
+    """One interleaved bench per sampling setting ({"name", "temperature", "top_p", "repeats"?})."""
+    options = options or method_options()
+    out = {}
+    for s in settings:
+        ms = [m for m in methods if s["temperature"] == 0 or m not in s.get("greedy_only", ())]
+        out[s["name"]] = bench(model, tok, prompts, ms, max_new_tokens, s.get("repeats", repeats),
+                               s["temperature"], s.get("top_p", 1.0), seed, options)
+    return out
+
+
+def iso_speedup(speedups: list[float], x_max: float = 2.0, n: int = 50) -> dict[float, dict]:
+    """For the tau-vs-cost plot. With K draft steps of cost c each (in target forwards), a step costs
+    1 + K c forwards and yields tau tokens, so speedup = tau / (1 + K c): for a fixed speedup s the
+    methods lie on the line tau = s (1 + x), x = K c (the draft cost per step)."""
+    xs = [x_max * i / (n - 1) for i in range(n)]
+    return {s: {"x": xs, "tau": [s * (1 + x) for x in xs]} for s in speedups}
+
+
+def draft_model_path() -> Path:
+    return DRAFT_MODEL
