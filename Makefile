@@ -18,27 +18,30 @@ START_TIME := $(shell date +%s)
 export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup test test-browser reproduce lab model env-check clean distclean
+.PHONY: help setup lint test test-browser reproduce lab model env-check clean distclean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-setup: $(STAMP) ## Create .venv (if missing), install torch pin + package[dev], register the Jupyter kernel
+setup: $(STAMP) ## Create .venv (if missing), install torch pin + package[course,dev], register the Jupyter kernel
 
 $(PY):
 	python3 -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0 2>&1 | $(PIP_FILTER)
-	$(PIP) install -q -e '.[dev]' 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q -e '.[course,dev]' 2>&1 | $(PIP_FILTER)
 	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
 	touch $@
 
 # One pytest worker per core (pytest-xdist), each on one thread: the tiny models are overhead bound, so
 # two single-threaded workers finish far sooner than one two-threaded process. A test file stays on
 # one worker (--dist loadfile) so its module fixtures (the course model's AR outputs) are built once.
-test: setup ## Run the test suite (browser tests excluded) on every core, with a timing summary
+lint: setup ## ruff (pycodestyle, pyflakes, import order, bugbear; settings in pyproject.toml)
+	$(VENV)/bin/ruff check dvi_lite tests
+
+test: setup lint ## Lint, then run the test suite (browser tests excluded) on every core, with a timing summary
 	@rc=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -x -n auto --dist loadfile --durations=15 || rc=$$?; \
 	echo "make test: setup + tests took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc)"; \
 	exit $$rc
@@ -52,7 +55,7 @@ test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs
 	exit $$rc
 
 reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
-	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite.study.reproduce || rc=$$?; \
+	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
 
@@ -60,10 +63,10 @@ lab: setup ## Open JupyterLab on notebooks/
 	$(VENV)/bin/jupyter lab notebooks/
 
 model: setup ## Retrain the course model and the draft model
-	$(PY) -m dvi_lite.course_model.train --preset course && $(PY) -m dvi_lite.course_model.train --preset draft
+	$(PY) -m dvi_lite train --preset course && $(PY) -m dvi_lite train --preset draft
 
 env-check: setup ## Check installed versions, torch build, triton, browser and course model
-	$(PY) -m dvi_lite.study.envcheck
+	$(PY) -m dvi_lite env-check
 
 clean: ## Remove build/, .pytest_cache and __pycache__ folders (keeps .venv)
 	rm -rf build .pytest_cache

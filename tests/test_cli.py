@@ -1,4 +1,4 @@
-"""dvi_lite.cli: bad flags and bad inputs end in a one-line usage error naming the parameter."""
+"""dvi_lite.cli: the one command line; bad flags and bad inputs end in a one-line usage error naming the parameter."""
 import argparse
 
 import pytest
@@ -33,4 +33,20 @@ def test_value_and_file_errors_become_usage_errors(capsys):
 
 
 def test_command_line_records_the_arguments():
-    assert command_line("dvi_lite.course_model.train", ["--steps", "3"]) == "python -m dvi_lite.course_model.train --steps 3"
+    assert command_line("train", ["--steps", "3"]) == "python -m dvi_lite train --steps 3"
+    assert command_line("dvi_lite kangaroo-train", []) == "python -m dvi_lite kangaroo-train"
+
+
+def test_command_line_only_records_commands_that_exist():
+    with pytest.raises(ValueError, match="unknown command 'dvi_lite.course_model.train'"):
+        command_line("dvi_lite.course_model.train", [])
+
+
+def test_the_one_cli_dispatches_to_the_command(capsys):
+    from dvi_lite.cli import main
+
+    assert main(["env-check"]) in (0, 1)
+    assert "torch" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["no-such-command"])
+    assert e.value.code == 2 and "invalid choice: 'no-such-command'" in capsys.readouterr().err

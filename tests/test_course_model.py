@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import dvi_lite
-from dvi_lite.study.bench import spread
 from dvi_lite.course_model.corpus import load_prompts, verify_snapshot
 from dvi_lite.models.loading import COURSE_MODEL, DRAFT_MODEL
+from dvi_lite.study.bench import spread
 
 pytestmark = pytest.mark.slow
 NEW = 64

@@ -3,14 +3,17 @@ import json
 
 import pytest
 import torch
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
-from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter, load_skip, resolve_skip, save_search, skip_sensitivity
 from dvi_lite.core.engine import start, step
 from dvi_lite.core.runner import Runner, Skip
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.methods.draft_verify.search import SearchResult
+from dvi_lite.course.ch03_draft_verify import skip_sensitivity
+from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
+from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter
+from dvi_lite.methods.draft_verify.search import SearchResult, save_search
+from dvi_lite.methods.draft_verify.skipset import load_skip, resolve_skip
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_greedy_equals_ar(model, skip, adaptive, threshold):
 def test_cache_holds_only_full_model_kv_after_each_step(model):
     """Draft KV (from skipped-layer states) never survives into the committed cache."""
     runner = Runner(model)
-    drafter = DraftVerifyDrafter(runner, SKIPS[0], max_steps=4, threshold=None)
+    drafter = DraftVerifyDrafter(runner, SKIPS[0], k=4, threshold=None)
     state = start(runner, drafter, DEEP_PROMPTS[0], 30, Sampler(), make_generator(0))
     for _ in range(6):
         step(state, drafter)
@@ -57,16 +60,14 @@ def test_cache_holds_only_full_model_kv_after_each_step(model):
 
 def test_sampling_is_lossless_end_to_end(target8, tok8):
     assert_lossless_sampling(target8, tok8, "draft_verify", skip=Skip(mlp=frozenset({1})), threshold=0.3,
-                             adaptive=False, max_steps=3)
+                             adaptive=False, k=3)
 
 
 def test_adaptive_gamma_moves_towards_target(model):
     runner = Runner(model)
-    from dvi_lite.methods.draft_verify.search import AdaptiveThreshold
-
     ctl = AdaptiveThreshold(target_alpha=0.95, gamma0=0.5)
-    drafter = DraftVerifyDrafter(runner, SKIPS[1], max_steps=6, threshold=0.5, adaptive=ctl)
-    dvi_lite.decode(runner, drafter, DEEP_PROMPTS[0], 60, Sampler(), make_generator(0), max_draft=6)
+    drafter = DraftVerifyDrafter(runner, SKIPS[1], k=6, threshold=0.5, adaptive=ctl)
+    dvi_lite.decode(runner, drafter, DEEP_PROMPTS[0], 60, Sampler(), make_generator(0))
     assert len(ctl.trace_gamma) > 3 and ctl.trace_gamma[-1] > 0.5  # acceptance below 0.95: gamma rises
 
 
@@ -75,10 +76,10 @@ def test_adaptive_gamma_moves_towards_target(model):
     (dict(skip=[1] * 8), "nothing left"),  # skipping everything
     (dict(skip=Skip(attn=frozenset(range(4)), mlp=frozenset(range(4)))), "nothing left"),
     (dict(skip=Skip(attn=frozenset({7}))), "out of range"),
-    (dict(skip=SKIPS[0], target_alpha=1.0), "target alpha"),
-    (dict(skip=SKIPS[0], target_alpha=0.0), "target alpha"),
+    (dict(skip=SKIPS[0], target_alpha=1.0), "target.alpha"),
+    (dict(skip=SKIPS[0], target_alpha=0.0), "target.alpha"),
     (dict(skip=SKIPS[0], threshold=1.5), "threshold"),
-    (dict(skip=SKIPS[0], max_steps=0), "max_steps"),
+    (dict(skip=SKIPS[0], k=0), "'k'"),
 ])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -104,8 +105,9 @@ def test_saved_skip_round_trip_and_model_check(model, tmp_path):
 def test_skip_sensitivity_rows(model):
     class Tok:  # encode_split needs a tokenizer: use the course one only for ids < 64? no: fake the stream
         pass
-    import dvi_lite.methods.draft_verify.drafter as dv
     import numpy as np
+
+    import dvi_lite.course.ch03_draft_verify as dv
 
     orig = dv.encode_split
     dv.encode_split = lambda tok, split: np.arange(2000, dtype=np.uint16) % 64
@@ -117,7 +119,7 @@ def test_skip_sensitivity_rows(model):
 
 
 def test_greedy_threshold_shortens_drafts(model):
-    kw = dict(method="draft_verify", skip=SKIPS[0], adaptive=False, max_steps=6, max_new_tokens=40, stop_at_eos=False)
+    kw = dict(method="draft_verify", skip=SKIPS[0], adaptive=False, k=6, max_new_tokens=40, stop_at_eos=False)
     loose = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=None, **kw)
     strict = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=0.999, **kw)
     mean = lambda r: sum(s.drafted for s in r.stats.steps) / len(r.stats.steps)  # noqa: E731

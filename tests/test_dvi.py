@@ -5,28 +5,33 @@ from __future__ import annotations
 import copy
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import DEEP_PROMPTS, IdTokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer
-from dvi_lite.methods.dvi.learner import (LORA_D, DVIDrafter, DVIPolicy, NonFiniteError, OnlineTrainer, evaluate, load_policy,
-                          verifier_lora_params)
-from dvi_lite.methods.dvi.losses import DVIConfig, fast_loss
 from dvi_lite.core.engine import start, step
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.drafter import DVIDrafter, evaluate
+from dvi_lite.methods.dvi.learner import NonFiniteError, OnlineTrainer
+from dvi_lite.methods.dvi.losses import fast_loss
+from dvi_lite.methods.dvi.policy import LORA_D, DVIPolicy, load_policy, verifier_lora_params
 
 BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, slow_every=2, seed=0)
 
 
 def fresh(model):
-    """An independent copy of the fixture model (slow updates inject lora_D into the model in place)."""
-    m = copy.deepcopy(model)
-    m.__dict__.pop("_dvi_runner", None)
-    return m
+    """An independent copy of the fixture model (slow updates inject lora_D into the model in place).
+
+    Nothing cached travels with the copy: Runner.for_model and models.artifacts.load_cached key on the
+    model object itself, so the copy gets its own runner and loads its own pieces."""
+    return copy.deepcopy(model)
 
 
 def trainer(model, cfg=None, **kw):
@@ -103,7 +108,7 @@ def test_training_improves_draft_and_stays_lossless(deep_model):
 
 def test_feedback_records_tested_drafts_with_verifier_logits(deep_model):
     runner = Runner(deep_model)
-    drafter = DVIDrafter(runner, DVIPolicy(deep_model, 2), max_steps=4, collect=True)
+    drafter = DVIDrafter(runner, DVIPolicy(deep_model, 2), k=4, collect=True)
     state = start(runner, drafter, DEEP_PROMPTS[0], 40, Sampler(), make_generator(0), max_draft=drafter.max_draft)
     n_rec = []
     for _ in range(6):
@@ -187,11 +192,12 @@ def _run(deep_model, tmp_path, split_at: int | None, total=6):
 def test_resume_equals_uninterrupted_run(deep_model, tmp_path):
     a = _run(deep_model, tmp_path / "a", None)
     b = _run(deep_model, tmp_path / "b", 3)
-    assert (a.fast_step, a.slow_step, a.prompt_idx, a.unconsumed) == (b.fast_step, b.slow_step, b.prompt_idx, b.unconsumed)
+    counters = ("fast_step", "slow_step", "prompt_idx", "unconsumed")
+    assert [getattr(a, c) for c in counters] == [getattr(b, c) for c in counters]
     assert a.slow_step == 3
-    for (n, p), (_, q) in zip(a.policy.named_parameters(), b.policy.named_parameters()):
+    for (n, p), (_, q) in zip(a.policy.named_parameters(), b.policy.named_parameters(), strict=True):
         assert torch.equal(p, q), n
-    for p, q in zip(verifier_lora_params(a.model), verifier_lora_params(b.model)):
+    for p, q in zip(verifier_lora_params(a.model), verifier_lora_params(b.model), strict=True):
         assert torch.equal(p, q)
     assert a.baseline.state_dict() == b.baseline.state_dict()
     sa, sb = a.buffer.state_dict(), b.buffer.state_dict()
@@ -199,7 +205,7 @@ def test_resume_equals_uninterrupted_run(deep_model, tmp_path):
         assert (torch.equal(sa[k], sb[k]) if isinstance(sa[k], torch.Tensor) else sa[k] == sb[k]), k
     assert torch.equal(a.gen.get_state(), b.gen.get_state())
     for o1, o2 in ((a.fast_opt, b.fast_opt), (a.slow_opt, b.slow_opt)):
-        for s1, s2 in zip(o1.state_dict()["state"].values(), o2.state_dict()["state"].values()):
+        for s1, s2 in zip(o1.state_dict()["state"].values(), o2.state_dict()["state"].values(), strict=True):
             assert all(torch.equal(s1[k], s2[k]) for k in s1)
     la = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     lb = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
@@ -234,7 +240,8 @@ def test_bootstrap_pure_rl_has_no_signal_kl_warmup_does(deep_model):
     def grad_norm(cfg, t_step):
         tr.policy.zero_grad(set_to_none=True)
         s = tr.policy(h)
-        loss, _ = fast_loss({"student_logits": s, "teacher_logits": t, "tokens": toks, "rewards": rew}, cfg, t_step, 0.0)
+        batch = {"student_logits": s, "teacher_logits": t, "tokens": toks, "rewards": rew}
+        loss, _ = fast_loss(batch, cfg, t_step, 0.0)
         loss.backward()
         g = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in tr.policy.trainable() if p.grad is not None))
         tr.policy.zero_grad(set_to_none=True)
@@ -274,11 +281,12 @@ def test_saved_policy_drives_the_method(deep_model, tmp_path):
     tr.train(3)
     tr.save_policy(tmp_path)
     loaded = load_policy(deep_model, tmp_path)
-    for (n, p), (_, q) in zip(tr.policy.named_parameters(), loaded.named_parameters()):
+    for (n, p), (_, q) in zip(tr.policy.named_parameters(), loaded.named_parameters(), strict=True):
         assert torch.equal(p, q), n
     for p in DEEP_PROMPTS[:2]:
         a = dvi_lite.generate(deep_model, IdTokenizer(), p, method="dvi", state=tr.policy, max_new_tokens=20)
-        b = dvi_lite.generate(deep_model, IdTokenizer(), p, method="dvi", state=str(tmp_path), split=2, max_new_tokens=20)
+        b = dvi_lite.generate(deep_model, IdTokenizer(), p, method="dvi", state=str(tmp_path), split=2,
+                              max_new_tokens=20)
         assert a.token_ids == b.token_ids
         assert [s.accepted for s in a.stats.steps] == [s.accepted for s in b.stats.steps]
     ev = evaluate(deep_model, IdTokenizer(), DEEP_PROMPTS, tmp_path, max_new_tokens=16)
@@ -292,7 +300,7 @@ def test_saved_policy_drives_the_method(deep_model, tmp_path):
 
 
 def test_missing_state_is_a_clear_error(deep_model, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no DVI policy.*python -m dvi_lite.methods.dvi.learner"):
+    with pytest.raises(FileNotFoundError, match=r"no DVI policy.*python -m dvi_lite dvi"):
         dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="dvi", state=tmp_path / "none")
 
 
@@ -304,8 +312,9 @@ def test_bad_config(deep_model, cfg, msg):
         trainer(deep_model, cfg=cfg)
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"), (dict(threshold=1.5), "threshold"),
-                                    (dict(max_steps=0), "max_steps")])
+@pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
+                                    (dict(threshold=1.5), "threshold"),
+                                    (dict(k=0), "option 'k'")])
 def test_bad_method_options(deep_model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="dvi", state=DVIPolicy(deep_model, 2), **kw)
@@ -341,13 +350,13 @@ def test_bf16_training_runs(deep_model):
 
 
 def test_cli_trains_saves_and_resumes(tmp_path):
-    from dvi_lite.methods.dvi.learner import main
+    from dvi_lite.methods.dvi.cli import main
     from dvi_lite.models.loading import COURSE_MODEL
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=64, max_position_embeddings=512, tie_word_embeddings=True,
-                      attn_implementation="sdpa")
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+                      tie_word_embeddings=True, attn_implementation="sdpa")
     mdir = tmp_path / "model"
     LlamaForCausalLM(cfg).save_pretrained(mdir)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -356,13 +365,29 @@ def test_cli_trains_saves_and_resumes(tmp_path):
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return x + {i}\n"}) + "\n" for i in range(6)))
     args = ["--split", "1", "--model", str(mdir), "--out", str(tmp_path / "out"), "--ckpt-dir", str(tmp_path / "ck"),
             "--prompts", str(prompts), "--max-new-tokens", "16", "--eval-prompts", "2", "--ckpt-every", "1"]
-    card = main(args + ["--steps", "2"])
+    out = tmp_path / "out"
+    assert main(args + ["--steps", "2"]) == 0
+    card = json.loads((out / "card.json").read_text())
     assert card["fast_steps"] == 2 and card["eval_before"]["prompts"] == 2 and card["eval_after"]["tau"] >= 1
     assert {"commit", "command", "date", "device"} <= set(card["provenance"])
-    out = tmp_path / "out"
-    assert (out / "policy.pt").is_file() and json.loads((out / "card.json").read_text())["split"] == 1
+    assert (out / "policy.pt").is_file() and card["split"] == 1
     assert len((out / "log.jsonl").read_text().splitlines()) == 2
-    card = main(args + ["--steps", "3", "--resume"])
+    assert main(args + ["--steps", "3", "--resume"]) == 0
+    card = json.loads((out / "card.json").read_text())
     assert card["fast_steps"] == 3 and len((out / "log.jsonl").read_text().splitlines()) == 3
     with pytest.raises(SystemExit):
         main(args + ["--steps", "2", "--split", "5"])
+
+
+def test_cli_help_and_module_entry_point(capsys):
+    from dvi_lite.methods.dvi.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "python -m dvi_lite dvi" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--steps", "0"])
+    assert e.value.code == 2 and "--steps must be >= 1" in capsys.readouterr().err
+    r = subprocess.run([sys.executable, "-m", "dvi_lite.methods.dvi.cli", "--help"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "--k" in r.stdout and not r.stderr.strip()

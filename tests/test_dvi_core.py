@@ -1,5 +1,6 @@
-"""dvi_core against hand-computed numbers: logits are logs of chosen probabilities, so every expected
-value below is a few math.log / math.exp calls on those probabilities, never the function under test."""
+"""DVI's losses, config, replay buffer and RNG state against hand-computed numbers: logits are logs of chosen
+probabilities, so every expected value below is a few math.log / math.exp calls on those probabilities, never
+the function under test."""
 from __future__ import annotations
 
 import io
@@ -10,9 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from dvi_lite.methods.dvi.losses import (DVIConfig, EMABaseline, ReplayBuffer, ce_anchor, fast_loss, kl_loss,
-                               lambda_curve, lambda_schedule, reinforce_loss, rng_state, set_rng_state,
-                               slow_loss, surrogate_loss)
+from dvi_lite.methods.dvi.buffer import ReplayBuffer, rng_state, set_rng_state
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.losses import (
+    EMABaseline,
+    ce_anchor,
+    fast_loss,
+    kl_loss,
+    lambda_curve,
+    lambda_schedule,
+    reinforce_loss,
+    slow_loss,
+    surrogate_loss,
+)
 
 E = math.e
 
@@ -23,7 +34,7 @@ def logits_of(*rows: list[float]) -> torch.Tensor:
 
 
 def kl(p: list[float], q: list[float]) -> float:
-    return sum(pi * math.log(pi / qi) for pi, qi in zip(p, q) if pi > 0)
+    return sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True) if pi > 0)
 
 
 # ---------------------------------------------------------------------------------------------- lambda
@@ -41,7 +52,7 @@ def test_lambda_schedule_points():
 def test_lambda_curve():
     c = lambda_curve(50, 10.0, 0.1)
     assert len(c) == 50 and c[0] == 1.0 and c[10] == pytest.approx(1 / E)
-    assert all(a >= b for a, b in zip(c, c[1:])) and min(c) == 0.1  # non-increasing, floored
+    assert all(a >= b for a, b in zip(c, c[1:], strict=False)) and min(c) == 0.1  # non-increasing, floored
     assert lambda_curve([0, 5, 1000], 5.0, 0.0) == pytest.approx([1.0, 1 / E, math.exp(-200)])
     assert lambda_curve(0, 5.0, 0.0) == []
 

@@ -5,15 +5,19 @@ Tiny 4-layer model only (conftest.deep_model)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import pytest
-
 from conftest import DEEP_PROMPTS
+
 from dvi_lite.methods.dvi import widget as dvi_widget
-from dvi_lite.methods.dvi.losses import DVIConfig, lambda_curve, lambda_schedule
-from dvi_lite.methods.dvi.widget import CSS_CLASSES, LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES, LambdaWidget
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.figure import LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES
+from dvi_lite.methods.dvi.losses import lambda_curve, lambda_schedule
+from dvi_lite.methods.dvi.widget import CSS_CLASSES, LambdaWidget
 
 BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, kl_floor=0.05, seed=0)
 
@@ -69,7 +73,7 @@ def test_schedule_sliders_redraw_lambda_immediately(deep_model):
     after = ys(w)
     assert after == lambda_curve(40, 25.0, 0.3)
     assert min(after) == pytest.approx(0.3) and min(before) < 0.3
-    assert all(a >= b for a, b in zip(after, before)) and after[0] == 1.0
+    assert all(a >= b for a, b in zip(after, before, strict=True)) and after[0] == 1.0
     w.kl_floor.value = 0.0
     assert ys(w) == lambda_curve(40, 25.0, 0.0)
     assert w.trainer is None  # redrawing never trains
@@ -149,7 +153,7 @@ def test_static_figure_copies_the_state(deep_model):
     s = w.static_figure()
     assert type(s) is go.Figure
     assert [t.name for t in s.data] == [t.name for t in w.fig.data]
-    for a, b in zip(s.data, w.fig.data):
+    for a, b in zip(s.data, w.fig.data, strict=True):
         assert list(a.x) == list(b.x) and list(a.y) == list(b.y)
     assert "2 fast steps" in s.layout.title.text
     w.train(1)  # a copy: later streaming does not touch it
@@ -169,3 +173,17 @@ def test_widgets_are_independent_no_globals(deep_model):
     for name, v in vars(dvi_widget).items():
         if not name.startswith("__"):
             assert not isinstance(v, (list, dict, set, bytearray)), name
+
+
+def test_dvi_modules_import_without_the_course_extra():
+    """ipywidgets, plotly and anywidget are imported only when a widget is built: every dvi module imports
+    in an interpreter where they are blocked."""
+    code = ("import sys\n"
+            "for m in ('ipywidgets', 'plotly', 'anywidget'):\n"
+            "    sys.modules[m] = None  # an import of it now raises ImportError\n"
+            "import importlib\n"
+            "for m in ('config', 'losses', 'buffer', 'policy', 'drafter', 'learner', 'checkpoint', 'cli', "
+            "          'figure', 'widget'):\n"
+            "    importlib.import_module('dvi_lite.methods.dvi.' + m)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr

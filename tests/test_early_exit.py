@@ -1,10 +1,8 @@
 """Naive early-exit self-speculation: lossless, and the shallow layers are never recomputed."""
 import pytest
-import torch
-
+from conftest import DEEP_PROMPTS, IdTokenizer
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +11,7 @@ def model(deep_model):
 
 
 PROMPTS = DEEP_PROMPTS
-CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, max_steps=3), dict(split=2, threshold=0.9),
+CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, k=3), dict(split=2, threshold=0.9),
            dict(split=1, branch=3), dict(split=2, threshold=0.3, branch=2)]
 
 
@@ -34,7 +32,10 @@ def test_shallow_layers_are_not_recomputed(model, branch):
     """Every position passes through every layer exactly once: drafting's shallow work is reused
     (for a tree: the chain's shallow states are reused, only the leaves run the shallow layers)."""
     seen = [0] * model.config.num_hidden_layers
-    hooks = [layer.self_attn.register_forward_hook(lambda mod, a, kw, out, i=i: seen.__setitem__(i, seen[i] + kw["hidden_states"].shape[1]), with_kwargs=True)
+    def count(mod, args, kw, out, i):
+        seen[i] += kw["hidden_states"].shape[1]
+
+    hooks = [layer.self_attn.register_forward_hook(lambda *a, i=i: count(*a, i), with_kwargs=True)
              for i, layer in enumerate(model.model.layers)]
     try:
         out = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], method="early_exit", split=2, max_new_tokens=30,
@@ -48,16 +49,31 @@ def test_shallow_layers_are_not_recomputed(model, branch):
     assert seen[0] == seen[3], (seen, drafted_inputs)
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"), (dict(split=2, threshold=0.0), "threshold"),
-                                    (dict(split=2, threshold=1.5), "threshold"), (dict(split=2, max_steps=0), "max_steps")])
+@pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
+                                    (dict(split=2, threshold=0.0), "threshold"),
+                                    (dict(split=2, threshold=1.5), "threshold"), (dict(split=2, k=0), "'k'"),
+                                    (dict(split=2, branch=0), "branch")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(model, IdTokenizer(), [1, 2], method="early_exit", **kw)
 
 
+def test_default_split_and_direct_checks(model):
+    """split=None is the one default exit layer; the drafter itself names a bad k / branch / threshold."""
+    from dvi_lite.core.checks import default_split
+    from dvi_lite.core.runner import Runner
+    from dvi_lite.methods.early_exit import EarlyExitDrafter, make_drafter
+
+    d = make_drafter(model, IdTokenizer())
+    assert (d.split, d.k, d.threshold, d.branch, d.max_draft) == (default_split(4), 6, None, 1, 6)
+    for kw, msg in ((dict(k=0), r"k \(draft length\)"), (dict(branch=0), "branch"), (dict(threshold=2.0), "threshold")):
+        with pytest.raises(ValueError, match=msg):
+            EarlyExitDrafter(Runner.for_model(model), 2, **kw)
+
+
 def test_greedy_exit_rule_and_tree_read_the_draft_confidence(model):
     """Greedy sampling's probs() is one-hot: the threshold and the tree must read softmax(logits) instead."""
-    kw = dict(method="early_exit", split=2, max_new_tokens=40, stop_at_eos=False, max_steps=6)
+    kw = dict(method="early_exit", split=2, max_new_tokens=40, stop_at_eos=False, k=6)
     strict = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], threshold=0.999, **kw)
     assert max(s.drafted for s in strict.stats.steps) < 6  # drafting stopped early at least once... always
     tree = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], branch=3, **kw)

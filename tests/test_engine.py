@@ -6,11 +6,11 @@ import collections
 
 import pytest
 import torch
+from conftest import StubTokenizer, assert_lossless_sampling, tiny_cfg
 
-from conftest import StubTokenizer, assert_lossless_sampling, make_target, tiny_cfg
 from dvi_lite import generate
 from dvi_lite.core.engine import Drafter, Proposal, Stats, StepStats, start, step
-from dvi_lite.core.generate import METHODS
+from dvi_lite.core.registry import METHODS
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.methods.sps import DraftModelDrafter
@@ -40,7 +40,7 @@ def test_fixture_models_are_realistic(ar_out):
 def test_ar_equals_hf_and_model_generate(target, tok, frequent_tok, prompts, ar_out):
     for tk in (tok, frequent_tok):
         stopped = 0
-        for p, full in zip(prompts, ar_out):
+        for p, full in zip(prompts, ar_out, strict=True):
             ar = generate(target, tk, p, method="ar", max_new_tokens=NEW, stop_at_eos=True)
             hf = generate(target, tk, p, method="hf", max_new_tokens=NEW, stop_at_eos=True)
             x = torch.tensor([p])
@@ -63,7 +63,7 @@ def test_hf_without_eos_ignores_the_model_eos(target, tok, prompts, ar_out, freq
     old = target.generation_config.eos_token_id
     target.generation_config.eos_token_id = frequent_tok.eos_token_id
     try:
-        for p, full in zip(prompts[:4], ar_out):
+        for p, full in zip(prompts[:4], ar_out[:4], strict=True):
             assert generate(target, tok, p, method="hf", max_new_tokens=NEW, stop_at_eos=False).token_ids == full
     finally:
         target.generation_config.eos_token_id = old
@@ -79,7 +79,7 @@ def test_sps_greedy_equals_ar(target, draft, tok, frequent_tok, prompts, ar_out)
     alphas = {}
     for k in range(1, 6):
         acc = []
-        for p, ref in zip(prompts, ar_out):
+        for p, ref in zip(prompts, ar_out, strict=True):
             out = generate(target, tok, p, method="sps", draft_model=draft, k=k, max_new_tokens=NEW, stop_at_eos=False)
             assert out.token_ids == ref, (k, p)
             assert all(s.drafted <= k for s in out.stats.steps)
@@ -93,7 +93,7 @@ def test_sps_greedy_equals_ar(target, draft, tok, frequent_tok, prompts, ar_out)
 
 
 def test_sps_self_draft_accepts_everything(target, tok, prompts, ar_out):
-    for p, ref in zip(prompts[:5], ar_out):
+    for p, ref in zip(prompts[:5], ar_out[:5], strict=True):
         out = generate(target, tok, p, method="sps", draft_model=target, k=3, max_new_tokens=NEW, stop_at_eos=False)
         assert out.token_ids == ref
         assert out.stats.alpha == 1.0
@@ -101,7 +101,7 @@ def test_sps_self_draft_accepts_everything(target, tok, prompts, ar_out):
 
 
 def test_hf_assisted_greedy_equals_ar(target, draft, tok, prompts, ar_out):
-    for p, ref in zip(prompts[:3], ar_out):
+    for p, ref in zip(prompts[:3], ar_out[:3], strict=True):
         out = generate(target, tok, p, method="hf_assisted", draft_model=draft, k=3, max_new_tokens=NEW,
                        stop_at_eos=False)
         assert out.token_ids == ref
@@ -148,6 +148,7 @@ class TopTreeDrafter(Drafter):
     """A test drafter proposing a tree: the draft model's top-2 tokens, each with its top-1 child
     (parents [-1, -1, 0, 1]); deterministic candidates, so q=None (point masses)."""
     name = "test_tree"
+    max_draft = 4  # nodes per proposal: the cache room the engine reserves
 
     def __init__(self, model):
         self.model = model
@@ -163,7 +164,7 @@ class TopTreeDrafter(Drafter):
 def test_tree_drafter_greedy_equals_ar_and_cache_is_gathered(target, draft, prompts, ar_out):
     drafter = TopTreeDrafter(draft)
     paths = []
-    for p, ref in zip(prompts[:4], ar_out):
+    for p, ref in zip(prompts[:4], ar_out[:4], strict=True):
         state = start(Runner(target), drafter, p, NEW, Sampler(), make_generator(0))
         while state.remaining > 0:
             out, st = step(state, drafter)
@@ -196,7 +197,8 @@ def test_sps_sampling_is_lossless_end_to_end(target8, draft8, tok8, temperature,
 
 def test_sampling_is_reproducible_with_a_seed(target, draft, tok, prompts):
     kw = dict(method="sps", draft_model=draft, k=3, max_new_tokens=12, temperature=1.0, stop_at_eos=False)
-    assert generate(target, tok, prompts[0], seed=5, **kw).token_ids == generate(target, tok, prompts[0], seed=5, **kw).token_ids
+    first = generate(target, tok, prompts[0], seed=5, **kw).token_ids
+    assert first == generate(target, tok, prompts[0], seed=5, **kw).token_ids
 
 
 # ---------------------------------------------------------------- bad inputs
@@ -216,9 +218,10 @@ def test_sampling_is_reproducible_with_a_seed(target, draft, tok, prompts):
     ({"prompt": (1, 2)}, TypeError, "prompt must be"),
     ({"prompt": [1, "a"]}, TypeError, "prompt must be"),
     ({"prompt": [1] * 100, "max_new_tokens": 29}, ValueError, r"max_new_tokens \(29\) exceeds .* context of 128"),
-    ({"method": "sps", "k": 0}, ValueError, r"k \(draft length\)"),
-    ({"method": "sps", "k": True}, ValueError, r"k \(draft length\)"),
-    ({"method": "ar", "k": 3}, TypeError, "takes no options"),
+    ({"method": "sps", "k": 0}, ValueError, r"sps option 'k' \(draft tokens per step, K\) must be an int >= 1, got 0"),
+    ({"method": "sps", "k": True}, ValueError, r"sps option 'k' .* must be an int >= 1, got True"),
+    ({"method": "sps", "kk": 3}, ValueError, r"method 'sps' has no option 'kk'; its options: draft_model, k"),
+    ({"method": "ar", "k": 3}, ValueError, r"method 'ar' has no option 'k'; its options: none"),
 ])
 def test_generate_bad_inputs(target, draft, tok, kw, exc, match):
     kw = {"prompt": [1, 2, 3], **kw}

@@ -1,4 +1,8 @@
-"""pyproject.toml is the single source of dependencies: environment.yml, the Makefile and CI must agree."""
+"""pyproject.toml is the single source of dependencies: environment.yml, the Makefile and CI must agree.
+
+The core dependencies are what `import dvi_lite` needs; the notebooks' packages are the `course` extra and
+`make setup` installs `.[course,dev]`, so the two commands (make setup, make test) still set up everything.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_PIN = "torch==2.13.0"
+EXTRAS = ("course", "dev")  # what `make setup` installs besides the core
+CORE = {"torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "tqdm", "triton"}
+COURSE = {"jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly", "kaleido", "papermill", "nbformat",
+          "optuna", "scipy"}
+
+
+def project() -> dict:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def name_of(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0).lower()
 
 
 def pyproject_requirements() -> list[str]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        project = tomllib.load(f)["project"]
-    return list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+    p = project()
+    return list(p["dependencies"]) + [r for extra in EXTRAS for r in p["optional-dependencies"][extra]]
 
 
 def environment_pip_requirements() -> list[str]:
@@ -32,7 +48,10 @@ def environment_pip_requirements() -> list[str]:
         if indent <= pip_indent:
             break
         assert line.strip().startswith("- "), f"unexpected line in pip list: {raw!r}"
-        reqs.append(line.strip()[2:].strip().strip("'\""))
+        item = line.strip()[2:].strip()
+        if len(item) > 1 and item[0] == item[-1] and item[0] in "'\"":  # a quoted item (a marker has spaces)
+            item = item[1:-1]
+        reqs.append(item)
     assert pip_indent is not None, "environment.yml has no `- pip:` list"
     return reqs
 
@@ -40,7 +59,8 @@ def environment_pip_requirements() -> list[str]:
 def test_environment_yml_matches_pyproject() -> None:
     py, env = pyproject_requirements(), environment_pip_requirements()
     assert len(env) == len(set(env)), "duplicate entries in environment.yml"
-    assert set(env) == set(py), f"only in pyproject: {set(py) - set(env)}; only in environment.yml: {set(env) - set(py)}"
+    assert set(env) == set(py), (f"only in pyproject: {set(py) - set(env)}; "
+                                 f"only in environment.yml: {set(env) - set(py)}")
 
 
 def test_torch_pinned_exactly_and_first() -> None:
@@ -50,12 +70,27 @@ def test_torch_pinned_exactly_and_first() -> None:
     assert "python=3.11" in (ROOT / "environment.yml").read_text()
 
 
+def test_core_is_light_and_the_notebook_side_is_the_course_extra() -> None:
+    p = project()
+    core = {name_of(r) for r in p["dependencies"]}
+    assert core == CORE, f"core dependencies: {sorted(core)}"
+    assert {name_of(r) for r in p["optional-dependencies"]["course"]} == COURSE
+    triton = [r for r in p["dependencies"] if name_of(r) == "triton"]
+    assert triton and triton[0].replace('"', "'").endswith("; platform_system == 'Linux'"), triton
+    assert "ruff" in {name_of(r) for r in p["optional-dependencies"]["dev"]}, "ruff is a dev dependency"
+    assert p["scripts"]["dvi-lite"] == "dvi_lite.cli:main"
+
+
 def test_makefile_targets() -> None:
     text = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([A-Za-z][\w-]*):(?!=)", text, flags=re.MULTILINE))
-    wanted = {"help", "setup", "test", "reproduce", "lab", "model", "clean", "env-check", "test-browser"}
+    wanted = {"help", "setup", "lint", "test", "reproduce", "lab", "model", "clean", "env-check", "test-browser"}
     assert wanted <= targets, f"missing Makefile targets: {wanted - targets}"
     assert "install -q torch==2.13.0" in text, "setup must install the torch pin first"
+    assert "install -q -e '.[course,dev]'" in text, "setup must install the course and dev extras"
+    assert re.search(r"^test:[^#\n]*\blint\b", text, flags=re.MULTILINE), "make test must lint first"
+    assert re.search(r"^\t.*ruff check dvi_lite tests", text, flags=re.MULTILINE), "make lint runs ruff"
+    assert "dvi_lite.study." not in text and "dvi_lite.course_model." not in text, "use `python -m dvi_lite <cmd>`"
 
 
 def test_ci_runs_make_test() -> None:

@@ -1,4 +1,4 @@
-"""`python -m dvi_lite.study.envcheck` reports the installed torch pin."""
+"""`python -m dvi_lite env-check` reports the installed torch pin."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ from dvi_lite.study import envcheck
 
 
 def test_envcheck_reports_torch(capsys: pytest.CaptureFixture[str]) -> None:
-    code = envcheck.main()
+    code = envcheck.main([])
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert code in (0, 1)
-    torch_lines = [l for l in lines if l.split()[1:2] == ["torch"]]
+    torch_lines = [line for line in lines if line.split()[1:2] == ["torch"]]
     assert torch_lines, out
     assert torch_lines[0].startswith("OK") and "2.13.0" in torch_lines[0], out
-    assert all(l.split()[0] in {"OK", "WARN", "FAIL"} for l in lines), out
+    assert all(line.split()[0] in {"OK", "WARN", "FAIL"} for line in lines), out
     # The course-model line is not asserted: the model may not be trained yet.
+
+
+def test_a_requirement_whose_marker_does_not_hold_is_not_needed() -> None:
+    status, message = envcheck.check_requirement("nosuchpkg==1.0; platform_system == 'NoSuchOS'")
+    assert status == "OK" and "not needed here" in message
+    status, message = envcheck.check_requirement("nosuchpkg==1.0")
+    assert status == "FAIL" and "not installed" in message

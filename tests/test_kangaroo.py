@@ -1,15 +1,15 @@
 """Kangaroo drafter: lossless greedy decoding, consistent adapter cache, clear errors."""
 import pytest
 import torch
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 from transformers import LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 from dvi_lite.core.engine import start, step
-from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, KangarooDrafter, load_adapter, save_adapter
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
     split = 2
     adapter = KangarooAdapter(model, split).eval()
     runner = Runner(model)
-    drafter = KangarooDrafter(runner, adapter, max_steps=4, threshold=None, branch=branch)
+    drafter = KangarooDrafter(runner, adapter, k=4, threshold=None, branch=branch)
     sampler = Sampler() if greedy else Sampler(temperature=1.0)
-    state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0), max_draft=drafter.max_draft)
+    state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0))
     all_accepted = False
     for _ in range(8):
         out, st = step(state, drafter)
@@ -69,7 +69,7 @@ def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
 def test_sampling_is_lossless_end_to_end(target8, tok8, branch, threshold):
     """Chain (rejection sampling with q) and tree (top-k point masses) drafts: output law = p's."""
     assert_lossless_sampling(target8, tok8, "kangaroo", split=1, adapter=KangarooAdapter(target8, 1).eval(),
-                             max_steps=3, threshold=threshold, branch=branch)
+                             k=3, threshold=threshold, branch=branch)
 
 
 def test_missing_adapter_is_a_clear_error(model, tmp_path):
@@ -86,11 +86,27 @@ def test_adapter_for_another_model_is_rejected(model, tmp_path):
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
-                                    (dict(split=2, threshold=0.0), "threshold"), (dict(split=2, threshold=1.2), "threshold"),
-                                    (dict(split=2, branch=0), "branch")])
+                                    (dict(split=2, threshold=0.0), "threshold"),
+                                    (dict(split=2, threshold=1.2), "threshold"),
+                                    (dict(split=2, branch=0), "branch"), (dict(split=2, k=0), "'k'"),
+                                    (dict(split=1), "trained for exit layer 2")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(model, IdTokenizer(), [1, 2], method="kangaroo", adapter=KangarooAdapter(model, 2), **kw)
+
+
+def test_default_split(model, tmp_path, monkeypatch):
+    """split=None: an adapter object's own exit layer, else the one default (default_split), per-split file."""
+    from dvi_lite.core.checks import default_split
+    from dvi_lite.methods.kangaroo import drafter as kd
+
+    adapter = KangarooAdapter(model, 3).eval()
+    assert kd.make_drafter(model, IdTokenizer(), adapter=adapter).split == 3
+    torch.manual_seed(0)
+    save_adapter(KangarooAdapter(model, default_split(4)), model, kd.adapter_path(default_split(4), tmp_path))
+    monkeypatch.setattr(kd, "model_adapter_path", lambda m, split: kd.adapter_path(split, tmp_path))
+    d = kd.make_drafter(model, IdTokenizer())
+    assert d.split == d.adapter.split == default_split(4) and d.k == 6 and d.threshold == 0.6
 
 
 def test_distillation_reduces_kl(model):

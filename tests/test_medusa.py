@@ -6,18 +6,36 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
 from transformers import LlamaForCausalLM
 
 import dvi_lite
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
 from dvi_lite.core.engine import start, step
-from dvi_lite.methods.medusa.drafter import (CandidateTree, MedusaDrafter, MedusaHeads, best_first_paths, cartesian_paths,
-                             cartesian_tree, check_paths, entropy_thresholds, expected_accept_length, head_topk,
-                             load_heads, medusa_summary, pruned_tree, save_heads, sparse_tree, validate_tree_args)
-from dvi_lite.methods.medusa.train import (MedusaTrainConfig, greedy_rollout, head_accuracy, main, sanity_check,
-                                   train_loop)
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.medusa.drafter import MedusaDrafter, medusa_summary
+from dvi_lite.methods.medusa.heads import MedusaHeads, load_heads, save_heads
+from dvi_lite.methods.medusa.train import (
+    MedusaTrainConfig,
+    greedy_rollout,
+    head_accuracy,
+    main,
+    sanity_check,
+    train_loop,
+)
+from dvi_lite.methods.medusa.trees import (
+    CandidateTree,
+    best_first_paths,
+    cartesian_paths,
+    cartesian_tree,
+    check_paths,
+    entropy_thresholds,
+    expected_accept_length,
+    head_topk,
+    pruned_tree,
+    sparse_tree,
+    validate_tree_args,
+)
 
 ACC3 = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies (3 heads x 3)
 
@@ -44,9 +62,10 @@ def ar_outputs(models):
                    for p in DEEP_PROMPTS] for name, m in models.items()}
 
 
-CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, num_heads=2), dict(tree="pruned"),
+CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, k=2), dict(tree="pruned"),
            dict(tree="pruned", threshold=0.2), dict(tree="pruned", threshold=0.05, prune="path", max_nodes=8),
-           dict(tree="pruned", threshold=0.3, prune="entropy"), dict(tree="sparse", branch=3, accuracies=ACC3, max_nodes=6),
+           dict(tree="pruned", threshold=0.3, prune="entropy"),
+           dict(tree="sparse", branch=3, accuracies=ACC3, max_nodes=6),
            dict(tree=[(0,), (1,), (0, 0), (0, 0, 0)], branch=2)]
 
 
@@ -56,7 +75,7 @@ def test_greedy_equals_ar(models, ar_outputs, name, kw):
     model = models[name]
     heads = perturbed_heads(model)
     accepted = rejected = 0
-    for p, ar in zip(DEEP_PROMPTS, ar_outputs[name]):
+    for p, ar in zip(DEEP_PROMPTS, ar_outputs[name], strict=True):
         md = dvi_lite.generate(model, IdTokenizer(), p, method="medusa", heads=heads, max_new_tokens=40,
                                stop_at_eos=False, **kw)
         assert md.token_ids == ar
@@ -70,9 +89,9 @@ def test_heads_read_the_state_that_predicted_the_pending_token(target, greedy):
     """The offset convention, checked against a fresh forward: after prefill and after every step the
     drafter holds the final pre-norm state of the last committed token, whose logits gave the pending one."""
     runner = Runner(target)
-    drafter = MedusaDrafter(runner, perturbed_heads(target), top_k=2, tree="cartesian")
+    drafter = MedusaDrafter(runner, perturbed_heads(target), branch=2, tree="cartesian")
     sampler = Sampler() if greedy else Sampler(temperature=1.0)
-    state = start(runner, drafter, DEEP_PROMPTS[0], 40, sampler, make_generator(0), max_draft=drafter.max_draft)
+    state = start(runner, drafter, DEEP_PROMPTS[0], 40, sampler, make_generator(0))
     for _ in range(8):
         committed = state.tokens[:-1]
         with torch.no_grad():
@@ -127,7 +146,7 @@ def test_self_distilled_heads_get_accepted(perm_model):
     assert taus["trained"] > 3.0 and taus["untrained"] < 1.3, taus
 
 
-@pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, num_heads=2)])
+@pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, k=2)])
 def test_sampling_is_lossless_end_to_end(target8, tok8, kw):
     """Deterministic top-k candidates verified as point masses (q = None): the output law is p's."""
     heads = MedusaHeads(target8, 2).eval()  # identity start: each head drafts the model's next-token top-k
@@ -181,7 +200,7 @@ def test_save_load_round_trip(deep_model, tmp_path):
 
 
 def test_missing_heads_is_a_clear_error(deep_model, tmp_path):
-    with pytest.raises(FileNotFoundError, match="no Medusa heads.*medusa_train"):
+    with pytest.raises(FileNotFoundError, match="no Medusa heads.*python -m dvi_lite medusa-train"):
         load_heads(deep_model, tmp_path / "none.pt")
 
 
@@ -241,7 +260,7 @@ def test_pruning_is_monotone_and_gives_trees(mode):
         top = pruned_tree(tokens, probs, 0.001, mode, max_nodes=n, entropy=ent)
         assert len(top) == min(n, len(full)) and _closed(top.paths) and set(top.paths) <= set(full.paths)
         kept = sorted(float(x) for x in top.path_probs)
-        dropped = [float(x) for p, x in zip(full.paths, full.path_probs) if p not in set(top.paths)]
+        dropped = [float(x) for p, x in zip(full.paths, full.path_probs, strict=True) if p not in set(top.paths)]
         assert not dropped or max(dropped) <= kept[0] + 1e-9  # the best nodes by path probability
 
 
@@ -271,8 +290,8 @@ def test_best_first_keeps_ancestors_before_descendants():
 
 # ------------------------------------------------------------------------------------------ bad inputs
 
-@pytest.mark.parametrize("args,msg", [((0, 2), "num_heads"), ((2, 0), "top_k"), ((True, 2), "num_heads"),
-                                      ((2, 1.5), "top_k")])
+@pytest.mark.parametrize("args,msg", [((0, 2), r"^k \(heads used"), ((2, 0), r"^branch \(candidates"),
+                                      ((True, 2), r"^k \(heads used"), ((2, 1.5), r"^branch \(candidates")])
 def test_validate_tree_args(args, msg):
     with pytest.raises(ValueError, match=msg):
         validate_tree_args(*args)
@@ -285,10 +304,11 @@ def test_malformed_parents_are_rejected(parents):
         CandidateTree(torch.zeros(par.shape, dtype=torch.long), par)
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(num_heads=0), "num_heads"), (dict(num_heads=4), "num_heads"),
-                                    (dict(branch=0), "branch"), (dict(branch=65), "top_k"),
+@pytest.mark.parametrize("kw,msg", [(dict(k=0), "option 'k'"), (dict(k=4), "k=4 but the heads have only 3"),
+                                    (dict(branch=0), "branch"), (dict(branch=65), "branch=65 exceeds the vocabulary"),
                                     (dict(tree="bogus"), "tree"), (dict(tree="cartesian", threshold=0.3), "threshold"),
-                                    (dict(tree="cartesian", max_nodes=4), "max_nodes"), (dict(threshold=0.0), "threshold"),
+                                    (dict(tree="cartesian", max_nodes=4), "max_nodes"),
+                                    (dict(threshold=0.0), "threshold"),
                                     (dict(max_nodes=0), "max_nodes"), (dict(prune="nope"), "prune"),
                                     (dict(tree="sparse"), "accuracies"), (dict(tree=[(1, 0)]), "parent"),
                                     (dict(tree=[(0,), (0, 5)], branch=2), "rank"),
@@ -303,8 +323,8 @@ def test_bad_options(deep_model, kw, msg):
 def test_tree_depth_respects_the_token_budget(deep_model):
     """Near max_new_tokens the tree only reaches depths that can still be emitted."""
     runner = Runner(deep_model)
-    drafter = MedusaDrafter(runner, perturbed_heads(deep_model), top_k=2, tree="cartesian")
-    state = start(runner, drafter, [1, 2, 3], 3, Sampler(), make_generator(0), max_draft=drafter.max_draft)
+    drafter = MedusaDrafter(runner, perturbed_heads(deep_model), branch=2, tree="cartesian")
+    state = start(runner, drafter, [1, 2, 3], 3, Sampler(), make_generator(0))
     assert state.remaining == 2  # the pending token is the first of the 3: one draft + the bonus token left
     assert drafter.propose(state).parents is not None and drafter._tree.depth == 1 and len(drafter._tree) == 2
 
@@ -345,21 +365,21 @@ def test_resume_continues_exactly(deep_model, tmp_path):
 def test_head_accuracy_and_sanity_check(perm_model):
     data = greedy_sequences(perm_model, n=16).flatten()
     heads = MedusaHeads(perm_model, 2)
-    acc = head_accuracy(perm_model, None, heads, n_windows=24, ctx=8, top_k=3, data=data, chunk=10)
+    acc = head_accuracy(perm_model, None, heads, n_windows=24, ctx=8, branch=3, data=data, chunk=10)
     assert acc["n"] == 24 and len(acc["heads_greedy"]) == 2 and np.shape(acc["rank_accuracy"]) == (2, 3)
     assert acc["heads_vs_next"] == [1.0, 1.0]  # untrained heads = the model's own next-token prediction
     assert acc["model_next"] > 0.7  # the data is the model's own greedy text (but for sequence boundaries)
     assert max(acc["heads_greedy"]) < 0.2  # ... which is not the token after next
     assert all(sum(r) <= 1 + 1e-6 for r in acc["rank_accuracy"])
-    res = sanity_check(perm_model, None, steps=4, num_heads=2, data=data, n_windows=8, ctx=8, top_k=2)
+    res = sanity_check(perm_model, None, steps=4, num_heads=2, data=data, n_windows=8, ctx=8, branch=2)
     assert len(res["log"]) == 4 and set(res["before"]) == set(res["after"])
 
 
 def test_summary_matches_engine_stats(target):
     runner = Runner(target)
-    drafter = MedusaDrafter(runner, perturbed_heads(target), top_k=2, tree="cartesian")
+    drafter = MedusaDrafter(runner, perturbed_heads(target), branch=2, tree="cartesian")
     from dvi_lite.core.engine import decode
-    _, stats = decode(runner, drafter, DEEP_PROMPTS[1], 30, Sampler(), make_generator(0), max_draft=drafter.max_draft)
+    _, stats = decode(runner, drafter, DEEP_PROMPTS[1], 30, Sampler(), make_generator(0))
     s = medusa_summary(drafter.log, 3, 2)
     assert s["steps"] == len(stats.steps) and s["tau"] == pytest.approx(stats.tau)
     assert s["head_acceptance_given_previous"][:2] == pytest.approx(stats.position_acceptance()[:2])
@@ -371,7 +391,7 @@ def test_cli_builds_the_config(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(mt, "train_heads", lambda cfg, *a, **k: seen.update(cfg=cfg))
-    main(["--heads", "3", "--steps", "7", "--no-norm"])
+    assert main(["--heads", "3", "--steps", "7", "--no-norm"]) == 0
     cfg = seen["cfg"]
     assert (cfg.heads, cfg.steps, cfg.norm) == (3, 7, False)
     assert mt.default_out(cfg).name == "heads_nonorm_ownhead.pt"  # the Gorgon variant never overwrites heads.pt

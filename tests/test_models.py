@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_cfg
 from transformers import LlamaForCausalLM
 
-from conftest import tiny_cfg
 from dvi_lite import load_model
-from dvi_lite.models.loading import resolve_dtype, resolve_device
+from dvi_lite.models.loading import resolve_device, resolve_dtype
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 

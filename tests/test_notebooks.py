@@ -34,5 +34,6 @@ def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
     pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": True}, kernel_name="python3",
                         cwd=str(NOTEBOOKS_DIR), progress_bar=False)
     done = nbformat.read(out, as_version=4)
-    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
     assert not errors

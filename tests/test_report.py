@@ -17,7 +17,7 @@ def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     import json
     import time
 
-    from dvi_lite.study import provenance; from dvi_lite.study import reproduce
+    from dvi_lite.study import provenance, reproduce
 
     monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_target
+
 from dvi_lite.core.runner import Runner, ancestor_matrix, chain_mask, tree_depths, tree_mask
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}

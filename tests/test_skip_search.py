@@ -1,4 +1,5 @@
-"""dvi_lite.methods.draft_verify.search: skip masks, ratio baselines, the skipped-layer search, adaptive draft-exiting.
+"""Draft & Verify without a model: skip masks and ratio baselines (skipset), the skipped-layer search (search),
+adaptive draft-exiting (adaptive).
 
 No model here: the search runs on synthetic deterministic costs with a known optimum, and the
 threshold controller on a simulated drafter whose acceptance rate rises with the threshold gamma
@@ -15,9 +16,19 @@ import numpy as np
 import pytest
 
 from dvi_lite.core.runner import Skip
-from dvi_lite.methods.draft_verify.search import (AdaptiveThreshold, SearchConfig, SearchResult, candidate_sublayers, check_mask,
-                                  check_skip, mask_to_skip, n_skipped, random_skips, ratio_to_count, search_skip,
-                                  skip_to_mask, uniform_skip)
+from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
+from dvi_lite.methods.draft_verify.search import SearchConfig, SearchResult, search_skip
+from dvi_lite.methods.draft_verify.skipset import (
+    candidate_sublayers,
+    check_mask,
+    check_skip,
+    mask_to_skip,
+    n_skipped,
+    random_skips,
+    ratio_to_count,
+    skip_to_mask,
+    uniform_skip,
+)
 
 L6 = 6
 # per-mask-position penalty (z[2i] attention, z[2i+1] MLP of layer i); positions 2..9 are searchable
@@ -25,7 +36,7 @@ PEN = [0.0, 0.0, 0.9, 0.3, 0.5, 0.1, 0.7, 0.2, 0.8, 0.4, 0.0, 0.0]
 
 
 def penalty_cost(skip: Skip) -> float:
-    return sum(p for p, b in zip(PEN, skip_to_mask(skip, L6)) if b)
+    return sum(p for p, b in zip(PEN, skip_to_mask(skip, L6), strict=True) if b)
 
 
 def sorted_exact_values(m: int) -> list[float]:
@@ -171,7 +182,7 @@ def test_search_free_count_finds_optimum():
     signed = [0.0, 0.0, 0.5, -0.3, 0.2, -0.1, 0.4, -0.2, 0.6, 0.1, 0.0, 0.0]  # skip exactly the negatives
 
     def cost(skip):
-        return 1.0 + sum(p for p, b in zip(signed, skip_to_mask(skip, L6)) if b)
+        return 1.0 + sum(p for p, b in zip(signed, skip_to_mask(skip, L6), strict=True) if b)
 
     r = search_skip(cost, L6, SearchConfig(n_trials=60, seed=0), progress=False)
     assert r.best_value == pytest.approx(0.4)
@@ -223,7 +234,8 @@ def test_result_json_round_trip_and_curve(tmp_path):
                     initial=[Skip(attn=frozenset({1}))])
     assert r.trials[0]["value"] == math.inf and r.trials[0]["attn"] == [1]  # warm start measured first
     curve = r.best_so_far()
-    assert len(curve) == 12 and all(a >= b for a, b in zip(curve, curve[1:])) and curve[-1] == r.best_value
+    assert len(curve) == 12 and curve[-1] == r.best_value
+    assert all(a >= b for a, b in zip(curve, curve[1:], strict=False))
     path = r.save(tmp_path / "sub" / "skip.json")
     text = path.read_text()
     assert "Infinity" not in text and json.loads(text)["trials"][0]["value"] is None

@@ -1,4 +1,4 @@
-"""dvi_lite.course.ch01_speculative_sampling (notebook 01): exact and simulated losslessness, formulas, K sweep shapes.
+"""dvi_lite.course.ch01_speculative_sampling (notebook 01): exact and simulated losslessness, formulas, K sweeps.
 
 Uses the tiny random Llamas of conftest.py (target, draft, tok, prompts); never the course model.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dvi_lite import spec_lesson as sl
-from dvi_lite.core.generate import METHODS
+from dvi_lite.core.registry import METHODS
+from dvi_lite.course import ch01_speculative_sampling as sl
 
 
 def test_exact_law_is_p():
@@ -93,7 +93,7 @@ def test_k_sweep_rows(target, draft, tok, prompts):
     before = set(METHODS)
     rows = sl.k_sweep(target, tok, prompts[:2], [1, 3], max_new_tokens=8, repeats=1, temperature=1.0,
                       draft_model=draft)
-    assert set(METHODS) == before  # the temporary sps_k<K> methods are gone
+    assert set(METHODS) == before  # the sweep's variants are bench labels ("sps:k=3"), never new methods
     assert [r["k"] for r in rows] == [1, 3]
     keys = {"k", "alpha", "alpha_hat", "tau", "expected_tokens", "tokens_per_s", "speedup_vs_ar", "c",
             "predicted_speedup", "measured_over_predicted", "position_acceptance", "position_survival"}

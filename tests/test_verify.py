@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import chi2_pvalue, random_dist
 from scipy.stats import binomtest
 
-from conftest import chi2_pvalue, random_dist
 from dvi_lite.core.verify import first_token_law, residual, verify_greedy_chain, verify_sampling_chain, verify_tree
 
 V = 8
@@ -136,7 +136,7 @@ def test_sampling_chain_first_token_follows_p(k):
     assert binomtest(int((ns >= 1).sum()), N_TRIALS, float(_alpha(p[0], q[0]))).pvalue > P_MIN
     assert chi2_pvalue(torch.bincount(ns, minlength=k + 1), _n_law(p, q, k)) > P_MIN
     if k == 2:  # given the first draft was accepted, the second emitted token follows p[1]
-        second = torch.tensor([e[1] for e, n in zip(emitted, ns.tolist()) if n >= 1])
+        second = torch.tensor([e[1] for e, n in zip(emitted, ns.tolist(), strict=True) if n >= 1])
         assert len(second) > 1000
         assert chi2_pvalue(torch.bincount(second, minlength=V), p[1]) > P_MIN
 
@@ -200,7 +200,7 @@ def test_tree_sampling_iid_children_is_lossless():
         out = [int(tokens[i]) for i in path] + [nxt]
         first.append(out[0])
         if path:
-            assert parents[path[0]] == -1 and all(parents[b] == a for a, b in zip(path, path[1:]))
+            assert parents[path[0]] == -1 and all(parents[b] == a for a, b in zip(path[:-1], path[1:], strict=True))
             second[path[0]].append(out[1])
     assert chi2_pvalue(torch.bincount(torch.tensor(first), minlength=V), p_root) > P_MIN
     # given the path went through node 0 (resp. 1), the next token follows the target after it

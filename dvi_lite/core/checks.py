@@ -35,7 +35,10 @@ def check_real(name: str, value: Any, low: float | None = None, high: float | No
         ok = value <= high
     if not ok:
         lo = "" if low is None else f"{'(' if low_open else '['}{low}, "
-        rng = f" in {lo}{high}]" if high is not None else (f" {'>' if low_open else '>='} {low}" if low is not None else "")
+        if high is not None:
+            rng = f" in {lo}{high}]"
+        else:
+            rng = f" {'>' if low_open else '>='} {low}" if low is not None else ""
         raise ValueError(f"{name}{f' ({what})' if what else ''} must be a number{rng}, got {value!r}")
     return float(value)
 

@@ -45,7 +45,7 @@ class Outcome:
     p_logits: torch.Tensor  # (N+1, V) target logits at pending + every node
     hidden: torch.Tensor  # (1, n+1, D) final pre-norm hidden states at pending + accepted path
     committed: int  # target cache length after this step (= tokens known to the target, pending excluded)
-    split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs, node order (self-speculation)
+    split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs (self-speculation)
 
     @property
     def n_accepted(self) -> int:
@@ -279,7 +279,8 @@ def step(state: DecodeState, drafter: Drafter, eos_token_id: int | None = None) 
 
 @torch.no_grad()
 def decode(runner: Runner, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
-           gen: torch.Generator, eos_token_id: int | None = None, max_draft: int | None = None) -> tuple[list[int], Stats]:
+           gen: torch.Generator, eos_token_id: int | None = None,
+           max_draft: int | None = None) -> tuple[list[int], Stats]:
     """Generate up to max_new_tokens after prompt_ids with `drafter`; returns (new token ids, stats)."""
     dev = runner.device
     stats = Stats(prompt_tokens=len(prompt_ids))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Union
 
 import torch
 
@@ -10,6 +11,7 @@ from dvi_lite.core.engine import Stats, decode
 from dvi_lite.core.registry import get_method
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
+
 
 @dataclass
 class GenerationResult:
@@ -19,12 +21,55 @@ class GenerationResult:
     method: str
 
 
-def validate(model, tokenizer, prompt, max_new_tokens: int) -> list[int]:
-    if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt)):
-        raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+CHAT_ROLES = ("system", "user", "assistant")
+Prompt = Union[str, list[int], list[dict]]  # raw text, token ids, or chat messages [{"role", "content"}]
+
+
+def check_messages(messages: list) -> list[dict]:
+    """Chat messages as the chat template expects them, or a ValueError naming what is wrong."""
+    if not messages:
+        raise ValueError("prompt is empty: give at least one chat message")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"chat message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        missing = [key for key in ("role", "content") if key not in m]
+        if missing:
+            raise ValueError(f"chat message {i} has no {' and no '.join(map(repr, missing))}: each message needs "
+                             f"'role' (one of {', '.join(CHAT_ROLES)}) and 'content' (a str)")
+        if m["role"] not in CHAT_ROLES:
+            raise ValueError(f"chat message {i} has role {m['role']!r}; the allowed roles: {', '.join(CHAT_ROLES)}")
+        if not isinstance(m["content"], str):
+            raise ValueError(f"chat message {i} ({m['role']}) must have str content, got {type(m['content']).__name__}")
+    return list(messages)
+
+
+def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The token ids a prompt stands for: the one place that turns prompts into ids (generate, the bench).
+
+    A str is a raw continuation, tokenized without special tokens (as the course model was trained); a
+    list of ints is taken as is; a list of chat messages goes through the tokenizer's chat template with
+    the generation prompt added (the assistant turn the model should write), as instruct models expect.
+    """
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt):
+        messages = check_messages(prompt)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this tokenizer has no chat template, so chat messages cannot be used with it; "
+                             "give the prompt as a str (a raw continuation) or as token ids")
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    raise TypeError(f"prompt must be a str, a list of token ids or a list of chat messages "
+                    f"[{{'role': ..., 'content': ...}}], got {type(prompt).__name__}")
+
+
+def validate(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> list[int]:
+    """The prompt's token ids, after checking them and max_new_tokens against the model."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    ids = prompt_ids(tokenizer, prompt)
     if not ids:
         raise ValueError("prompt is empty: give at least one token")
     ctx = getattr(model.config, "max_position_embeddings", None)
@@ -37,10 +82,13 @@ def validate(model, tokenizer, prompt, max_new_tokens: int) -> list[int]:
     return ids
 
 
-def generate(model, tokenizer, prompt: str | list[int], method: str = "ar", max_new_tokens: int = 64,
+def generate(model, tokenizer, prompt: Prompt, method: str = "ar", max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = 0,
              stop_at_eos: bool = True, **method_kwargs) -> GenerationResult:
     """Generate with any registered method. Greedy (temperature=0) output is identical for every method.
+
+    prompt: a str (raw continuation), token ids, or chat messages [{"role": "user", "content": ...}]
+    (the tokenizer's chat template is applied, with the generation prompt).
 
     method_kwargs are the method's options (e.g. sps: draft_model=..., k=4), checked against the registry.
     """

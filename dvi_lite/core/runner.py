@@ -47,10 +47,11 @@ def tree_mask(parents: torch.Tensor, past: int) -> torch.Tensor:
 
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """(n,) long: each node's depth, 0 for children of the cached prefix (parents[i] < i, -1 = root child)."""
     depth = [0] * parents.numel()
     for i, p in enumerate(parents.tolist()):
         depth[i] = 0 if p < 0 else depth[p] + 1
-    return torch.tensor(depth, device=parents.device)
+    return torch.tensor(depth, dtype=torch.long, device=parents.device)
 
 
 @dataclass

@@ -19,7 +19,8 @@ class Sampler:
     top_p: float = 1.0  # keep the smallest set with cumulative probability >= top_p (1 = off)
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.models.loading import COURSE_MODEL
 from dvi_lite.core.runner import Runner
+from dvi_lite.models.loading import COURSE_MODEL
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dvi_lite.models.loading import DTYPES
 from dvi_lite.core.runner import Runner
+from dvi_lite.models.loading import DTYPES
 
 
 @dataclass
@@ -39,13 +39,14 @@ class ParityReport:
 
 def _top2(dec: torch.Tensor, ver: torch.Tensor, t: int) -> dict:
     d2, v2 = dec[t].topk(2), ver[t].topk(2)
-    return {"position": t, "decode_top2": [[int(i), float(x)] for x, i in zip(d2.values, d2.indices)],
-            "verify_top2": [[int(i), float(x)] for x, i in zip(v2.values, v2.indices)],
+    return {"position": t, "decode_top2": [[int(i), float(x)] for x, i in zip(d2.values, d2.indices, strict=True)],
+            "verify_top2": [[int(i), float(x)] for x, i in zip(v2.values, v2.indices, strict=True)],
             "flipped": int(d2.indices[0]) != int(v2.indices[0]), "gap": float(d2.values[0] - d2.values[1])}
 
 
 @torch.no_grad()
-def decode_vs_verify(runner: Runner, prompt_ids: list[int], new_tokens: int, k: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def decode_vs_verify(runner: Runner, prompt_ids: list[int], new_tokens: int,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Greedy-decode new_tokens one at a time, then recompute the same positions K+1 at a time.
 
     Returns (decode logits (N, V), verify logits (N, V), the generated tokens).

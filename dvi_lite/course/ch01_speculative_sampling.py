@@ -9,22 +9,21 @@ about exact arithmetic: low-precision batched verification can flip near-ties (v
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
-from typing import Iterator
 
 import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from dvi_lite.study.bench import bench, predicted_speedup, run_method
+from dvi_lite.core.checks import check_int
 from dvi_lite.core.engine import acceptance_rate, position_acceptance
-from dvi_lite.core.generate import METHODS, generate
-from dvi_lite.course.ch01_parity import measure_parity
+from dvi_lite.core.generate import generate
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.methods.sps import DraftModelDrafter, check_k, resolve_draft
 from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chain
+from dvi_lite.course.ch01_parity import measure_parity
+from dvi_lite.methods.sps import resolve_draft
+from dvi_lite.study.bench import bench, predicted_speedup
 
 # --------------------------------------------------------------------------- toy distributions
 
@@ -209,29 +208,8 @@ def measure_alpha(model, draft_model, tok, prompts: list, temperature: float = 1
             "per_domain": {d: statistics.mean(v) for d, v in by_domain.items()}, "temperature": temperature}
 
 
-class _RecordingSps(DraftModelDrafter):
-    """sps drafter that logs (drafted, accepted) per step, so one timed bench also yields per-position stats."""
-
-    def __init__(self, draft_model, k: int, log: list[tuple[int, int]]):
-        super().__init__(draft_model, k)
-        self.log = log
-
-    def feedback(self, state, outcome) -> None:
-        super().feedback(state, outcome)
-        self.log.append((len(outcome.proposal), outcome.n_accepted))
-
-
-@contextlib.contextmanager
-def _sps_variants(draft, ks: list[int], logs: dict[int, list]) -> Iterator[list[str]]:
-    """Temporarily register "sps_k<K>" methods, so AR and every K share one interleaved bench call."""
-    names = [f"sps_k{k}" for k in ks]
-    for k, name in zip(ks, names):
-        METHODS[name] = lambda model, tokenizer, _k=k: _RecordingSps(draft, _k, logs[_k])
-    try:
-        yield names
-    finally:
-        for name in names:
-            METHODS.pop(name, None)
+def _check_k(k) -> int:
+    return check_int("k (draft length)", k, 1)
 
 
 def position_stats(log: list[tuple[int, int]], k: int) -> dict:
@@ -256,19 +234,14 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
     not reuse bench's, which plugs accepted/drafted into the formula and so under-predicts for K > 1),
     and acceptance per draft position.
     """
-    ks = [check_k(k) for k in ks]
-    draft = resolve_draft(model, draft_model)
-    logs: dict[int, list] = {k: [] for k in ks}
-    recs = _records(prompts)
-    with _sps_variants(draft, ks, logs) as names:
-        for m in ["ar", *names]:  # our own warm-up, so the logs hold exactly the timed rounds
-            run_method(model, tok, recs[:1], m, max_new_tokens, temperature, top_p, seed, {})
-        for log in logs.values():
-            log.clear()
-        res = bench(model, tok, recs, ["ar", *names], max_new_tokens, repeats, temperature, top_p, seed, warmup=0)
+    ks = [_check_k(k) for k in ks]
+    labels = [f"sps:k={k}" for k in ks]  # bench labels: one row per K, the same draft model for all
+    logs: dict[str, list] = {}  # label -> (depth, accepted) per step of every timed round
+    res = bench(model, tok, _records(prompts), ["ar", *labels], max_new_tokens, repeats, temperature, top_p, seed,
+                {"sps": {"draft_model": resolve_draft(model, draft_model)}}, logs=logs)
     rows = []
-    for k, name in zip(ks, names):
-        r, pos = res[name], position_stats(logs[k], k)
+    for k, label in zip(ks, labels, strict=True):
+        r, pos = res[label], position_stats(logs[label], k)
         a = pos["alpha_hat"] if pos["alpha_hat"] is not None else 0.0
         pred = predicted_speedup(a, k, r["c"]) if r.get("c") is not None else None
         rows.append({"k": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
@@ -284,7 +257,7 @@ def compare_with_hf_assisted(model, tok, prompts: list, draft_model=None, k: int
                              repeats: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> dict:
     """ar, hf, hf_assisted and sps on the same target/draft pair and K, in one interleaved bench."""
     draft = resolve_draft(model, draft_model)
-    opts = {m: {"draft_model": draft, "k": check_k(k)} for m in ("sps", "hf_assisted")}
+    opts = {m: {"draft_model": draft, "k": _check_k(k)} for m in ("sps", "hf_assisted")}
     return bench(model, tok, _records(prompts), ["ar", "hf", "hf_assisted", "sps"], max_new_tokens, repeats,
                  temperature, top_p, seed, opts)
 
@@ -297,7 +270,7 @@ def _bf16_step(x: float) -> float:
 def parity_table(model, tok, prompts: list, new_tokens: int = 32, k: int = 4,
                  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> dict:
     """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples."""
-    reps = measure_parity(model, [_ids(tok, p) for p in prompts], dtypes, new_tokens, check_k(k))
+    reps = measure_parity(model, [_ids(tok, p) for p in prompts], dtypes, new_tokens, _check_k(k))
     rows, examples, nearest = [], [], []
     for name, rep in reps.items():
         d = rep.to_dict()

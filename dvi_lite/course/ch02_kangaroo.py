@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, load_adapter
-from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
-from dvi_lite.study.provenance import ROOT
 from dvi_lite.course_model.train import TrainConfig, batch, encode_split
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, load_adapter
+from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
+from dvi_lite.paths import BUILD_DIR
 
-SWEEP_DIR = ROOT / "build" / "kangaroo"
+SWEEP_DIR = BUILD_DIR / "kangaroo"
 
 
 @torch.no_grad()
@@ -79,7 +79,7 @@ def kangaroo_variants(splits: list[int], thresholds: list[float], fixed_lengths:
     for eta in thresholds:
         v[f"kangaroo:threshold={eta}"] = {"threshold": eta}
     for n in fixed_lengths:
-        v[fixed_label(n)] = {"threshold": None, "max_steps": n}
+        v[fixed_label(n)] = {"threshold": None, "k": n}
     for b in branches:
         v[f"kangaroo:branch={b}"] = {"branch": b}
     return v
@@ -102,4 +102,4 @@ def check_lossless(model, tok, prompts: list[dict], max_new_tokens: int, variant
 
 def fixed_label(n: int) -> str:
     """Bench label of a fixed-length draft (no threshold exit)."""
-    return f"kangaroo:threshold=none:max_steps={n}"
+    return f"kangaroo:threshold=none:k={n}"

@@ -3,17 +3,43 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter, time_per_token
 from dvi_lite.core.engine import decode
-from dvi_lite.core.runner import Runner
-from dvi_lite.core.runner import Skip
+from dvi_lite.core.runner import Runner, Skip
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.methods.draft_verify.search import AdaptiveThreshold, n_skipped, random_skips, skip_to_dict, uniform_skip
+from dvi_lite.course_model.train import TrainConfig, batch, encode_split
+from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
+from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter
+from dvi_lite.methods.draft_verify.search import time_per_token
+from dvi_lite.methods.draft_verify.skipset import n_skipped, random_skips, skip_to_dict, uniform_skip
 
 
 def skip_matrix(skip: Skip, n_layers: int) -> list[list[int]]:
     """2 x L grid for a layer diagram: row 0 attention, row 1 MLP; 1 = skipped while drafting."""
     return [[int(i in skip.attn) for i in range(n_layers)], [int(i in skip.mlp) for i in range(n_layers)]]
+
+
+@torch.no_grad()
+def skip_sensitivity(model, tok, n_windows: int = 4, seq_len: int = 256, seed: int = 1) -> list[dict]:
+    """Per sub-layer: greedy agreement with the full model when only that sub-layer is skipped.
+
+    Teacher-forced on val windows: one forward per sub-layer. 1 - agreement is how much that
+    sub-layer matters for the next token; the search's job is to find a *set* that costs little.
+    """
+    r = Runner.for_model(model)
+    x, _ = batch(encode_split(tok, "val"), TrainConfig(seq_len=seq_len, batch_size=n_windows),
+                 torch.Generator().manual_seed(seed))
+    x = x.to(r.device)
+    pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+    h0 = r.embed(x)
+    full = r.logits(r.layers_forward(h0, None, pos)).argmax(-1)
+    rows = []
+    for i in range(r.n_layers):
+        for kind in ("attn", "mlp"):
+            skip = Skip(attn=frozenset({i}) if kind == "attn" else frozenset(),
+                        mlp=frozenset({i}) if kind == "mlp" else frozenset())
+            pred = r.logits(r.layers_forward(h0, None, pos, skip=skip)).argmax(-1)
+            rows.append({"layer": i, "kind": kind, "agreement": float((pred == full).float().mean())})
+    return rows
 
 
 def random_baseline(model, tok, ratio: float, n: int, prompts: list[dict], max_new_tokens: int, seed: int = 0,
@@ -31,22 +57,25 @@ def random_baseline(model, tok, ratio: float, n: int, prompts: list[dict], max_n
 
 def uniform_baseline(model, tok, ratio: float, prompts: list[dict], max_new_tokens: int) -> dict:
     s = uniform_skip(model.config.num_hidden_layers, ratio)
-    return {"skip": skip_to_dict(s), "n_skipped": n_skipped(s), "value": time_per_token(model, tok, s, prompts, max_new_tokens)}
+    return {"skip": skip_to_dict(s), "n_skipped": n_skipped(s),
+            "value": time_per_token(model, tok, s, prompts, max_new_tokens)}
 
 
 @torch.no_grad()
 def gamma_trace(model, tok, prompt: str, skip: Skip, target_alpha: float, max_new_tokens: int = 256,
-                gamma0: float = 0.8, max_steps: int = 8, seed: int = 0) -> dict:
+                gamma0: float = 0.8, k: int = 8, seed: int = 0) -> dict:
     """One long greedy generation with adaptive draft-exiting: the AR and gamma traces per step."""
     ctl = AdaptiveThreshold(target_alpha=target_alpha, gamma0=gamma0)
-    drafter = DraftVerifyDrafter(Runner.for_model(model), skip, max_steps, gamma0, ctl)
+    runner = Runner.for_model(model)
+    drafter = DraftVerifyDrafter(runner, skip, k, gamma0, ctl)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    _, stats = decode(Runner.for_model(model), drafter, ids, max_new_tokens, Sampler(), make_generator(seed), max_draft=max_steps)
+    _, stats = decode(runner, drafter, ids, max_new_tokens, Sampler(), make_generator(seed))
     return {"target_alpha": target_alpha, "ar": ctl.trace_ar, "gamma": ctl.trace_gamma,
             "alpha": stats.alpha, "tau": stats.tau, "steps": len(stats.steps)}
 
 
-def head_to_head(model, tok, skips: dict[str, Skip], prompts: list[dict], max_new_tokens: int, rounds: int = 3) -> dict:
+def head_to_head(model, tok, skips: dict[str, Skip], prompts: list[dict], max_new_tokens: int,
+                 rounds: int = 3) -> dict:
     """The search objective re-measured fairly: every skip set in each round, order rotated, median.
 
     One timing per skip set (as in the search and the random baseline) is noisy and taken minutes apart;

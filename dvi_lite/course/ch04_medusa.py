@@ -3,22 +3,22 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.study.bench import bench
 from dvi_lite.core.engine import decode
-from dvi_lite.methods.medusa.drafter import MedusaHeads, medusa_summary
-from dvi_lite.methods.medusa.train import MedusaTrainConfig, head_accuracy, train_loop, val_losses
-from dvi_lite.core.registry import METHODS
-from dvi_lite.core.runner import Runner
-from dvi_lite.core.runner import ancestor_matrix, tree_depths
+from dvi_lite.core.registry import get_method
+from dvi_lite.core.runner import Runner, ancestor_matrix, tree_depths
 from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.course_model.train import encode_split
+from dvi_lite.methods.medusa.drafter import medusa_summary
+from dvi_lite.methods.medusa.heads import MedusaHeads
+from dvi_lite.methods.medusa.train import MedusaTrainConfig, head_accuracy, train_loop, val_losses
+from dvi_lite.study.bench import bench
 
 
 def norm_lesson(model, tok, steps: int, batch_size: int = 4, seq_len: int = 128, num_heads: int = 4,
                 seed: int = 0) -> dict:
     """Train heads briefly with and without the frozen final RMSNorm (same data, same seed).
 
-    Without the norm a head reads the raw residual stream, whose scale (hundreds, growing with depth)
+    Without the norm a head reads the raw residual stream, whose scale (large, growing with depth)
     is not what the LM head was trained on: the loss starts far higher and trains slower (Project
     Gorgon's failure). Returns {variant: {"log", "val_loss", "accuracy"}}.
     """
@@ -32,7 +32,8 @@ def norm_lesson(model, tok, steps: int, batch_size: int = 4, seq_len: int = 128,
         heads = MedusaHeads(model, num_heads, norm=norm, shared_lm_head=True)
         before = val_losses(heads, runner, val, cfg, n_batches=1)
         log = train_loop(heads, runner, data, cfg, progress=True)
-        out[name] = {"log": log, "val_loss_before": before, "val_loss": val_losses(heads, runner, val, cfg, n_batches=1),
+        out[name] = {"log": log, "val_loss_before": before,
+                     "val_loss": val_losses(heads, runner, val, cfg, n_batches=1),
                      "accuracy": head_accuracy(model, tok, heads, n_windows=64, seed=seed)}
     return out
 
@@ -46,17 +47,16 @@ def tree_picture(parents: list[int]) -> dict:
 def per_head(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
              **opts) -> dict:
     """Run the medusa drafter over prompts and aggregate its log (per-head acceptance, tree size, tau)."""
-    drafter = METHODS["medusa"](model, tok, **opts)
+    drafter = get_method("medusa").build(model, tok, **opts)
     r = Runner.for_model(model)
     for i, p in enumerate(prompts):
         ids = tok(p, add_special_tokens=False)["input_ids"]
-        decode(r, drafter, ids, max_new_tokens, Sampler(temperature), make_generator(seed + i), tok.eos_token_id,
-               max_draft=getattr(drafter, "max_draft", 64))
-    return medusa_summary(drafter.log, drafter.num_heads, drafter.top_k)
+        decode(r, drafter, ids, max_new_tokens, Sampler(temperature), make_generator(seed + i), tok.eos_token_id)
+    return medusa_summary(drafter.log, drafter.k, drafter.branch)
 
 
 def ablation_labels(grid: list[dict]) -> dict[str, dict]:
-    """Bench labels for a grid of medusa options ({"num_heads", "branch", "tree", "max_nodes", ...})."""
+    """Bench labels for a grid of medusa options ({"k", "branch", "tree", "max_nodes", ...})."""
     return {"medusa:" + ":".join(f"{k}={v}" for k, v in g.items()): {} for g in grid}
 
 

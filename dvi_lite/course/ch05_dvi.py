@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from dvi_lite.methods.dvi.learner import OnlineTrainer, evaluate
-from dvi_lite.methods.dvi.losses import DVIConfig
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.drafter import evaluate
+from dvi_lite.methods.dvi.learner import OnlineTrainer
 
 # the notebook's baseline recipe: forward-KL warm-up decaying to the surrogate policy term, 3e-3 (the
 # learning rate that trained the exit head fastest in an offline check on course-model experiences)
@@ -48,12 +49,13 @@ def summary(records: list[dict], last: int = 10) -> dict:
         return sum(vals) / len(vals) if vals else None
 
     return {"steps": len(records), "accept_rate": mean("accept_rate"), "top1_agree": mean("top1_agree"),
-            "pi_s_v": mean("pi_s_v"), "grad_norm": mean("grad_norm"), "first_grad_norm": records[0]["grad_norm"] if records else None}
+            "pi_s_v": mean("pi_s_v"), "grad_norm": mean("grad_norm"),
+            "first_grad_norm": records[0]["grad_norm"] if records else None}
 
 
 def before_after(model, tok, prompts: list[str], policy_before, policy_after, max_new_tokens: int = 48) -> dict:
     """tau and alpha of method='dvi' on held-out prompts with the untrained and the trained head."""
-    kw = dict(max_new_tokens=max_new_tokens, max_steps=6, threshold=None)
+    kw = dict(max_new_tokens=max_new_tokens, k=6, threshold=None)
     return {"before": evaluate(model, tok, prompts, policy_before, **kw),
             "after": evaluate(model, tok, prompts, policy_after, **kw)}
 

@@ -10,7 +10,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from dvi_lite.study.provenance import ROOT
+from dvi_lite.paths import BUILD_DIR, ROOT
 
 FIGURES_DIR = ROOT / "figures"
 _warned = False
@@ -18,7 +18,7 @@ _warned = False
 
 def figures_dir(smoke: bool) -> Path:
     """figures/ for full runs (committed); build/figures for smoke runs (never committed)."""
-    d = ROOT / "build" / "figures" if smoke else FIGURES_DIR
+    d = BUILD_DIR / "figures" if smoke else FIGURES_DIR
     d.mkdir(parents=True, exist_ok=True)
     return d
 

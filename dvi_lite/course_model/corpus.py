@@ -4,7 +4,7 @@ Why these: both are redistributable (PSF licence), both are on a Debian/Python m
 network, and together they give two domains with very different predictability (code repeats
 itself; prose less so), which is exactly what makes acceptance rates differ per domain.
 
-`python -m dvi_lite.course_model.corpus build` makes the committed snapshot in `data/corpus/` (needs the Debian
+`python -m dvi_lite corpus build` makes the committed snapshot in `data/corpus/` (needs the Debian
 package python3-doc for the prose); everything else only reads that snapshot, so a fresh clone never
 needs the sources again.
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from dvi_lite.cli import prog
 from dvi_lite.paths import DATA_DIR
 
 CORPUS_DIR = DATA_DIR / "corpus"
@@ -191,8 +192,8 @@ def load_prompts(path: str | Path | None = None, domain: str | None = None, n: i
     return recs[:n] if n is not None else recs
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.course_model.corpus", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog("corpus"), description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="rebuild data/corpus from the machine's stdlib and python3-doc")
     sub.add_parser("prompts", help="rebuild data/prompts/heldout.jsonl from the test split")
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         prompts = make_prompts()
         write_prompts(prompts, PROMPTS_DIR / "heldout.jsonl")
         print(f"wrote {len(prompts)} prompts to {PROMPTS_DIR / 'heldout.jsonl'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

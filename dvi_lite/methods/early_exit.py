@@ -1,62 +1,44 @@
-"""Naive early-exit self-speculation: the target's first k layers draft, the remaining layers verify.
+"""Naive early-exit self-speculation: the target's first `split` layers draft, the remaining layers verify.
 
-The draft distribution is the target's own head on the layer-k hidden state, q = softmax(lm_head(
-norm(h_k))). No extra parameters: it is the baseline that Kangaroo's adapter and DVI's trained exit
-head improve on. What it shares with them is the mechanics this module shows: the shallow layers'
-KV cache and hidden states computed while drafting are *reused* by verification (Proposal.hidden),
-so verification only runs layers [k, L) on those positions.
+The draft distribution is the target's own head on the exit layer's hidden state h_s (s = split),
+q = softmax(lm_head(norm(h_s))). No extra parameters: it is the baseline that Kangaroo's adapter and
+DVI's trained exit head improve on. What it shares with them is the mechanics this module shows: the
+shallow layers' KV cache and hidden states computed while drafting are *reused* by verification
+(Proposal.hidden), so verification only runs layers [s, L) on those positions.
 
 Drafting stops early when the draft's top-1 probability falls below `threshold` (Kangaroo's second
-"early exit"), or after `max_steps` tokens.
+"early exit"), or after `k` tokens. The default exit layer is `core.checks.default_split`, the same
+for every self-speculative method.
 
 Tree drafts (branch > 1, beyond the Kangaroo repo): drafting still runs one chain (the top-1 tokens)
 through the shallow layers, and at every step also proposes the next `branch - 1` most likely tokens
 as leaf siblings of the chain token. They cost nothing to draft; verification runs them through
-layers [0, k) with a tree mask (engine.verify_step) and accepts the longest matching path. Tree
-candidates are deterministic (top-k picks), so under sampling they are verified as point masses
+layers [0, s) with a tree mask (engine.verify_step) and accepts the longest matching path. Tree
+candidates are deterministic (top-branch picks), so under sampling they are verified as point masses
 (q = None in verify_tree), which keeps the output distribution exactly p.
 """
 from __future__ import annotations
 
 import torch
 
+from dvi_lite.core.checks import check_int, check_prob, check_split, default_split
 from dvi_lite.core.engine import DecodeState, Drafter, Proposal
 from dvi_lite.core.runner import Runner
-
-
-def check_split(split, n_layers: int) -> int:
-    if not isinstance(split, int) or isinstance(split, bool) or not 0 < split < n_layers:
-        raise ValueError(f"split (exit layer k) must be an int with 0 < k < {n_layers} (the model's layers), got {split!r}")
-    return split
-
-
-def check_branch(branch) -> int:
-    if not isinstance(branch, int) or isinstance(branch, bool) or branch < 1:
-        raise ValueError(f"branch (candidates per draft step; 1 = a chain) must be an int >= 1, got {branch!r}")
-    return branch
-
-
-def check_threshold(threshold) -> float:
-    if not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold (eta) must be in (0, 1], got {threshold!r}")
-    return float(threshold)
 
 
 class EarlyExitDrafter(Drafter):
     name = "early_exit"
 
-    def __init__(self, runner, split: int, max_steps: int = 6, threshold: float | None = None, branch: int = 1):
+    def __init__(self, runner: Runner, split: int, k: int = 6, threshold: float | None = None, branch: int = 1):
         self.runner = runner
         self.split = check_split(split, runner.n_layers)
-        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
-            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        self.max_steps = max_steps
-        self.branch = check_branch(branch)
-        self.max_draft = max_steps * self.branch  # cache room the engine reserves for one proposal
-        self.threshold = None if threshold is None else check_threshold(threshold)
+        self.k = check_int("k (draft length)", k, 1)
+        self.branch = check_int("branch (candidates per draft step; 1 = a chain)", branch, 1)
+        self.max_draft = self.k * self.branch  # cache room the engine reserves for one proposal
+        self.threshold = None if threshold is None else check_prob("threshold (eta)", threshold)
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft head on layer-k hidden states (1, n, D) -> (1, n, V). Subclasses (Kangaroo) override."""
+        """Draft head on exit-layer hidden states (1, n, D) -> (1, n, V). Subclasses (Kangaroo) override."""
         return self.runner.logits(h)
 
     @torch.no_grad()
@@ -64,7 +46,7 @@ class EarlyExitDrafter(Drafter):
         r, cache = self.runner, state.cache
         past = state.committed
         cache.crop(past, range(0, self.split))
-        steps = max(1, min(self.max_steps, state.remaining - 1))
+        steps = max(1, min(self.k, state.remaining - 1))
         tree = self.branch > 1
         tok, hs, tokens, qs, leaves = state.pending, [], [], [], []
         for i in range(steps):
@@ -97,8 +79,8 @@ class EarlyExitDrafter(Drafter):
                         torch.tensor(parents, device=dev), hidden=hidden, split=self.split)
 
 
-def make_drafter(model, tokenizer, split: int | None = None, max_steps: int = 6, threshold: float | None = None,
-                branch: int = 1):
-    """Self-speculation with the target's own first `split` layers and its own head (no training)."""
+def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = None,
+                 branch: int = 1) -> EarlyExitDrafter:
+    """Self-speculation with the target's own first `split` layers (None: default_split) and its own head."""
     r = Runner.for_model(model)
-    return EarlyExitDrafter(r, split if split is not None else max(1, r.n_layers // 4), max_steps, threshold, branch)
+    return EarlyExitDrafter(r, default_split(r.n_layers) if split is None else split, k, threshold, branch)

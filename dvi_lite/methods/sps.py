@@ -7,32 +7,27 @@ which the draft proposed but never fed back through itself).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from dvi_lite.core.checks import check_int
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner
-from dvi_lite.models.loading import load_draft_model, vocab_size
-
-
-def check_k(k) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k (draft length) must be an int >= 1, got {k!r}")
-    return k
-
-
-_LOADED: dict = {}  # (path, dtype, device) -> draft model: load once, not on every generate() call
+from dvi_lite.models.artifacts import load_cached
+from dvi_lite.models.loading import DRAFT_MODEL, load_draft_model, vocab_size
 
 
 def resolve_draft(model, draft_model=None):
-    """The given draft model (object or folder), or the committed course draft model (loaded once).
+    """The given draft model (object or folder), or the committed course draft model (loaded once per model).
 
     Checks the vocabularies agree: rejection sampling compares p and q token by token.
     """
     if draft_model is None or isinstance(draft_model, (str, bytes)) or hasattr(draft_model, "__fspath__"):
-        key = (str(draft_model), next(model.parameters()).dtype, str(model.get_output_embeddings().weight.device))
-        if key not in _LOADED:
-            _LOADED[key] = load_draft_model(draft_model, dtype=key[1], device=key[2])
-        draft_model = _LOADED[key]
+        path = DRAFT_MODEL if draft_model is None else os.fsdecode(draft_model)
+        w = model.get_output_embeddings().weight  # the draft goes where the target's head is, in its dtype
+        draft_model = load_cached("draft_model", model, path,
+                                  lambda: load_draft_model(path, dtype=w.dtype, device=str(w.device)))
     if vocab_size(draft_model) != vocab_size(model):
         raise ValueError(f"draft model vocabulary ({vocab_size(draft_model)}) differs from the target's "
                          f"({vocab_size(model)}): speculative sampling needs the same tokenizer")
@@ -44,7 +39,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, draft_model, k: int = 4):
         self.runner = Runner.for_model(draft_model)
-        self.k = check_k(k)
+        self.k = check_int("k (draft length)", k, 1)
         self.max_draft = self.k
 
     def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:

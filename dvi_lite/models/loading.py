@@ -1,4 +1,8 @@
-"""Loading the course model (or any local Llama-family HF checkpoint) with clear errors.
+"""Loading a model by name ("course", "smollm2") or from any local Llama-family HF checkpoint, with clear errors.
+
+Named models: "course" is the small model committed in data/ (the default: fast, for the lessons and the
+tests); "smollm2" is SmolLM2-135M-Instruct, converted by `make setup` into an ignored build folder (see
+models/smollm2.py): the real pretrained model, memory bound like the papers' GPUs.
 
 Everything in dvi_lite drives the model layer by layer (see runner.py), so we accept exactly the
 architectures whose decoder layer is `x + attn(norm(x))`, `x + mlp(norm(x))` with rotary position
@@ -7,15 +11,18 @@ embeddings: Llama, Mistral, Qwen2, Qwen3 (and the course model, which is a Llama
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import BUILD_DIR, DATA_DIR
 
 COURSE_MODEL = DATA_DIR / "course_model"
 DRAFT_MODEL = DATA_DIR / "draft_model"
+SMOLLM2_DIR = BUILD_DIR / "models" / "smollm2-135m-instruct"  # ignored: written by models/smollm2.py (make setup)
+MODELS = {"course": COURSE_MODEL, "smollm2": SMOLLM2_DIR}  # name -> checkpoint folder
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -46,10 +53,60 @@ def resolve_device(device: str | torch.device | None) -> str:
     except RuntimeError:
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r} requested but CUDA is not available on this machine; use device='cpu'")
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available on this machine; "
+                         "use device='cpu'")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda'; got {device!r}")
     return str(dev)
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """The checkpoint folder of a model name ("course", "smollm2"; None = "course") or of a folder path.
+
+    A plain name that is neither a known model nor an existing folder is an error listing the names;
+    a path (a Path, or a string with a separator) is a folder, checked by `check_checkpoint`.
+    """
+    if model is None:
+        return COURSE_MODEL
+    if isinstance(model, str) and model in MODELS:
+        from dvi_lite.models.smollm2 import SETUP_HINT, is_converted
+
+        if model == "smollm2" and not is_converted(MODELS[model]):
+            raise FileNotFoundError(f"model 'smollm2' is not converted yet (no complete {MODELS[model]}); "
+                                    f"{SETUP_HINT}")
+        return MODELS[model]
+    if not isinstance(model, (str, Path)):
+        raise TypeError(f"model must be a name ({', '.join(MODELS)}) or a checkpoint folder, "
+                        f"got {type(model).__name__}")
+    path = Path(model)
+    if isinstance(model, str) and not path.exists() and "/" not in model and os.sep not in model:
+        raise ValueError(f"unknown model {model!r}: the named models are {', '.join(MODELS)}; "
+                         f"or give a local checkpoint folder")
+    return path
+
+
+def dtype_works(dt: torch.dtype, device: str) -> bool:
+    """Whether this device runs the matmuls of a model in `dt` (a tiny probe; bf16 on CUDA needs sm_80+)."""
+    if dt == torch.float32:
+        return True
+    if device.startswith("cuda"):
+        if dt == torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return False
+    elif dt == torch.bfloat16 and not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x = torch.ones(4, 4, dtype=dt, device=device)
+        return bool(torch.isfinite(torch.nn.functional.linear(x, x).float()).all())
+    except (RuntimeError, TypeError):
+        return False
+
+
+def check_dtype(dt: torch.dtype, device: str) -> None:
+    """A clear error for a dtype the device cannot run (instead of a failure deep inside the first forward)."""
+    if not dtype_works(dt, device):
+        name = str(dt).removeprefix("torch.")
+        raise ValueError(f"dtype {name} is not supported on device {device!r} here; use float32"
+                         + (" or bfloat16" if dt == torch.float16 and dtype_works(torch.bfloat16, device) else ""))
 
 
 def check_checkpoint(path: Path) -> dict:
@@ -76,16 +133,16 @@ def check_checkpoint(path: Path) -> dict:
 
 def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None = None,
                device: str | torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) in eval mode. No path = the committed course model in data/course_model.
+    """(model, tokenizer) in eval mode. `path`: a model name ("course" = the default, "smollm2") or a
+    local checkpoint folder. dtype: "float32" | "bfloat16" | "float16" (None = fp32 on CPU, bf16 on CUDA).
 
     Loads with `local_files_only=True`: nothing is ever downloaded.
     """
     device = resolve_device(device)
     dt = resolve_dtype(dtype, device)
-    path = Path(path) if path is not None else COURSE_MODEL
+    path = resolve_model(path)
     check_checkpoint(path)
-    if dt == torch.bfloat16 and device == "cpu" and not torch.backends.mkldnn.is_available():
-        raise ValueError("dtype bfloat16 is not available on this CPU build; use float32")
+    check_dtype(dt, device)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True,
                                                  attn_implementation="sdpa")
     model.to(device).eval()

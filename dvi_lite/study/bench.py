@@ -1,4 +1,4 @@
-"""The benchmark harness: `python -m dvi_lite.study.bench --methods ar,hf,hf_assisted,sps`.
+"""The benchmark harness: `python -m dvi_lite bench --methods ar,hf,hf_assisted,sps`.
 
 Every method runs on the same prompts in one process, with a warm-up, then `repeats` timed rounds.
 Rounds are *interleaved* (round r runs every method, in an order rotated by r) so that slow drift
@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.course_model.corpus import load_prompts
+from dvi_lite.cli import command_line, prog
 from dvi_lite.core.engine import acceptance_rate, position_acceptance
-from dvi_lite.core.generate import METHODS, generate
+from dvi_lite.core.generate import generate
+from dvi_lite.core.registry import METHODS
+from dvi_lite.course_model.corpus import load_prompts
 from dvi_lite.models.loading import load_model
 from dvi_lite.study.provenance import provenance
 
@@ -57,6 +59,11 @@ def _value(v: str):
         except ValueError:
             pass
     return v
+
+
+def check_method(name: str) -> None:
+    if name not in METHODS:
+        raise ValueError(f"--methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
 
 
 def predicted_speedup(alpha: float, k: float, c: float) -> float:
@@ -95,6 +102,16 @@ def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int
     return agg
 
 
+def step_log(model, tok, prompts: list[dict], method: str, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, **options) -> list[tuple[int, int]]:
+    """(draft depth, accepted) of every decoding step of `method` over `prompts`, in order.
+
+    The per-step log behind tau, alpha and position_acceptance. `bench` keeps only those aggregates in its JSON
+    (a log per step would make every results file thousands of lines long), so this is how to get it.
+    """
+    return run_method(model, tok, prompts, method, max_new_tokens, temperature, top_p, seed, options)["log"]
+
+
 def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
     """Median tokens/s over rounds, speedup vs our AR, tau, alpha, draft cost ratio c, formula check."""
     out: dict[str, dict] = {}
@@ -112,12 +129,14 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
             "n_prompts": n_prompts,
             "new_tokens": last["new_tokens"],
             "distinct_token_fraction": statistics.mean(len(set(o)) / max(1, len(o)) for o in last["outputs"]),
-            "domains": {d: statistics.median(r["domains"][d]["new_tokens"] / r["domains"][d]["time_s"] for r in rs)
+            "domains": {d: statistics.median(r["domains"][d]["new_tokens"] / r["domains"][d]["time_s"]
+                                             for r in rs)
                         for d in last["domains"]},
             "position_acceptance": position_acceptance(last["log"]),
             "draft_s_per_step": last["draft_s"] / steps if steps else None,
             "verify_s_per_step": last["verify_s"] / steps if steps else None,
-            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in rs if r.get("peak_mem_bytes") is not None), default=None),
+            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in rs if r.get("peak_mem_bytes") is not None),
+                                  default=None),
         }
     ar = out.get("ar")
     for m, r in out.items():
@@ -139,14 +158,13 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int) -> dict:
 
 def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: int = 64, repeats: int = 3,
           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, options: dict | None = None,
-          warmup: int = 1) -> dict:
+          warmup: int = 1, logs: dict[str, list] | None = None) -> dict:
     """Interleaved, warmed-up benchmark of `methods` on `prompts`; returns the JSON 'methods' dict."""
     options = options or {}
     spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
     for m in methods:
         name, opts = parse_spec(m)
-        if name not in METHODS:
-            raise ValueError(f"--methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
+        check_method(name)
         spec[m] = (name, {**options.get(name, {}), **(options.get(m, {}) if m != name else {}), **opts})
     for m in methods:  # warm-up (also builds drafters' caches, loads draft models)
         for _ in range(warmup):
@@ -157,9 +175,13 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
         order = methods[r % len(methods):] + methods[: r % len(methods)]
         for m in order:
             bar.set_postfix(method=m, round=r)
-            rounds[m].append(run_method(model, tok, prompts, *_args(spec[m], max_new_tokens, temperature, top_p, seed)))
+            args = _args(spec[m], max_new_tokens, temperature, top_p, seed)
+            rounds[m].append(run_method(model, tok, prompts, *args))
             bar.update()
     bar.close()
+    if logs is not None:  # label -> (depth, accepted) per step of every timed round
+        for m, rs in rounds.items():
+            logs[m] = [x for r in rs for x in r["log"]]
     return summarise(rounds, len(prompts))
 
 
@@ -180,13 +202,15 @@ def format_table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.study.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("bench"), description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="ar,hf", help="comma-separated, from: " + ", ".join(sorted(METHODS)) +
                     "; options after colons, e.g. kangaroo:threshold=0.4:branch=2")
-    ap.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default data/prompts/heldout.jsonl)")
+    ap.add_argument("--prompts", default=None,
+                    help="JSONL with a 'prompt' field (default data/prompts/heldout.jsonl)")
     ap.add_argument("--n-prompts", type=int, default=20, help="use the first N prompts (spread over domains)")
     ap.add_argument("--model", default=None, help="local HF Llama-family checkpoint folder (default: course model)")
-    ap.add_argument("--draft-model", default=None, help="draft model folder for sps/hf_assisted (default: course draft)")
+    ap.add_argument("--draft-model", default=None,
+                    help="draft model folder for sps/hf_assisted (default: course draft)")
     ap.add_argument("--k", type=int, default=4, help="draft length for sps / hf_assisted")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
@@ -202,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if not methods:
             raise ValueError("--methods: give at least one method")
         for m in methods:
-            if parse_spec(m)[0] not in METHODS:
-                raise ValueError(f"--methods: unknown method {parse_spec(m)[0]!r}; registered: {', '.join(sorted(METHODS))}")
+            check_method(parse_spec(m)[0])
         for name in ("repeats", "max_new_tokens", "n_prompts", "k"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -216,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     print(format_table(results))
     if args.json:
-        cmd = "python -m dvi_lite.study.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+        cmd = command_line("bench", argv)
         body = {"provenance": provenance(cmd, args.device, timing="interleaved rounds in one process, median"),
                 "settings": {k: v for k, v in vars(args).items() if k != "json"}, "methods": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,10 @@ data/. A local HF checkpoint has none of them, and each loader refuses pieces tr
 build/models/<fingerprint>/ (see `artifacts`), with the same recipes the course used. What is already
 there is kept (rerunning is cheap and resumes nothing twice); `--force` retrains.
 
-    python -m dvi_lite.study.prepare --model /models/Llama-3.2-1B          # the course recipes' sizes
-    python -m dvi_lite.study.prepare --model /models/Llama-3.2-1B --smoke  # a few steps each (a dry run)
+    python -m dvi_lite prepare --model /models/Llama-3.2-1B          # the course recipes' sizes
+    python -m dvi_lite prepare --model /models/Llama-3.2-1B --smoke  # a few steps each (a dry run)
 
-`python -m dvi_lite.study.reproduce --model X` calls this first.
+`python -m dvi_lite reproduce --model X` calls this first.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dvi_lite.cli import command_line, prog, run_or_usage_error
 from dvi_lite.models.artifacts import COURSE_FINGERPRINT, artifacts_dir, fingerprint
-from dvi_lite.cli import command_line, run_or_usage_error
 
 
 @dataclass
@@ -38,10 +38,10 @@ class PrepareConfig:
 
 
 def _pieces(model, split: int) -> dict[str, Path]:
-    from dvi_lite.methods.draft_verify.drafter import skip_file
-    from dvi_lite.methods.dvi.learner import POLICY_FILE
+    from dvi_lite.methods.draft_verify.skipset import skip_file
+    from dvi_lite.methods.dvi.policy import POLICY_FILE
     from dvi_lite.methods.kangaroo.drafter import model_adapter_path
-    from dvi_lite.methods.medusa.drafter import heads_path
+    from dvi_lite.methods.medusa.heads import heads_path
 
     return {"kangaroo adapter": model_adapter_path(model, split), "medusa heads": heads_path(model),
             "draft_verify skip set": skip_file(model), "dvi head": artifacts_dir(model) / "dvi" / POLICY_FILE}
@@ -49,13 +49,12 @@ def _pieces(model, split: int) -> dict[str, Path]:
 
 def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, command: str = "") -> dict[str, str]:
     """Train what `model_path` lacks; returns {piece: file}. The course model needs nothing."""
-    from dvi_lite import draft_verify as dv
-    from dvi_lite.methods.dvi import learner as dvi
+    from dvi_lite.methods.draft_verify import search as dv
+    from dvi_lite.methods.dvi import cli as dvi
     from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
     from dvi_lite.methods.medusa.train import MedusaTrainConfig, train_heads
     from dvi_lite.models.loading import load_model
     from dvi_lite.study.provenance import provenance
-    from dvi_lite.methods.draft_verify.search import SearchConfig
 
     model, tok = load_model(model_path, dtype="float32")
     pieces = _pieces(model, cfg.split)
@@ -66,13 +65,14 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
     print(f"pieces for {model_path} in {artifacts_dir(model)}: training {', '.join(todo) or 'nothing'}")
     if "kangaroo adapter" in todo:
         train_adapter(AdapterConfig(split=cfg.split, steps=cfg.adapter_steps, seed=cfg.seed), model_path,
-                      todo["kangaroo adapter"], command=command, ckpt_name=f"kangaroo_k{cfg.split}_{fingerprint(model)}")
+                      todo["kangaroo adapter"], command=command,
+                      ckpt_name=f"kangaroo_k{cfg.split}_{fingerprint(model)}")
     if "medusa heads" in todo:
-        train_heads(MedusaTrainConfig(heads=4, steps=cfg.heads_steps, batch_size=4, shared_lm_head=True, seed=cfg.seed),
-                    model_path, todo["medusa heads"], command=command)
+        heads_cfg = MedusaTrainConfig(heads=4, steps=cfg.heads_steps, batch_size=4, shared_lm_head=True, seed=cfg.seed)
+        train_heads(heads_cfg, model_path, todo["medusa heads"], command=command)
     if "draft_verify skip set" in todo:
-        res = dv.search(model, tok, SearchConfig(n_trials=cfg.search_trials, seed=cfg.seed, skip_ratio=cfg.skip_ratio),
-                        dv.calibration_prompts(6, cfg.seed), 32)
+        search_cfg = dv.SearchConfig(n_trials=cfg.search_trials, seed=cfg.seed, skip_ratio=cfg.skip_ratio)
+        res = dv.search(model, tok, search_cfg, dv.calibration_prompts(6, cfg.seed), 32)
         dv.save_search(model, res, todo["draft_verify skip set"], provenance=provenance(command))
     if "dvi head" in todo:
         dvi.main(["--model", str(model_path), "--split", str(cfg.split), "--steps", str(cfg.dvi_steps),
@@ -82,13 +82,14 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.study.prepare", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("prepare"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="local HF Llama-family checkpoint folder")
-    ap.add_argument("--smoke", action="store_true", help="a few steps per piece (checks the pipeline, trains nothing useful)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few steps per piece (checks the pipeline, trains nothing useful)")
     ap.add_argument("--force", action="store_true", help="retrain pieces that already exist")
     args = ap.parse_args(argv)
     cfg = PrepareConfig.smoke() if args.smoke else PrepareConfig()
-    out = run_or_usage_error(ap, prepare, args.model, cfg, args.force, command_line("dvi_lite.study.prepare", argv))
+    out = run_or_usage_error(ap, prepare, args.model, cfg, args.force, command_line("prepare", argv))
     for k, v in out.items():
         print(f"{k:<22} {v}")
     return 0

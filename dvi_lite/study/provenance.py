@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dvi_lite.paths import ROOT
+
 RESULTS_DIR = ROOT / "results"
 RUN_OUTPUTS = (":!results", ":!figures", ":!README.md", ":!data/draft_verify/skip.json", ":!data/dvi")
 

@@ -1,14 +1,17 @@
 """The README's results section, generated from results/*.json (never hand-edited).
 
-`python -m dvi_lite.study.report` rewrites the block between the two markers in README.md; a test checks
+`python -m dvi_lite report` rewrites the block between the two markers in README.md; a test checks
 that the committed README equals what this module renders from the committed JSON.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from dvi_lite.study.provenance import RESULTS_DIR, ROOT
+from dvi_lite.cli import prog
+from dvi_lite.paths import ROOT
+from dvi_lite.study.provenance import RESULTS_DIR
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 README = ROOT / "README.md"
@@ -40,8 +43,8 @@ def render_study(body: dict) -> list[str]:
     prov = body.get("provenance", {})
     s = body.get("settings", {})
     out = [f"**The study (06_results)** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
-           f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × {s.get('max_new_tokens', '?')} tokens, "
-           "median of interleaved rounds\n",
+           f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × "
+           f"{s.get('max_new_tokens', '?')} tokens, median of interleaved rounds\n",
            "| method | tok/s | rounds | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
            " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params | held MB |"
            + (" peak MB |" if peak else ""),
@@ -61,11 +64,14 @@ def render_study(body: dict) -> list[str]:
     out += ["", "rounds: tok/s of the slowest and fastest timed round (differences inside that range are noise) · "
             "c: draft cost per draft token in target forwards · predicted: the speedup formula with the measured α, "
             "K and c · distinct: distinct-token fraction of the outputs (a looping model inflates acceptance) · "
-            "held MB: weights + extra parameters + a 512-position KV cache" + (" · peak MB: CUDA allocator peak" if peak else ""),
-            "", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |", "|---|---|---|---:|---|---|"]
+            "held MB: weights + extra parameters + a 512-position KV cache"
+            + (" · peak MB: CUDA allocator peak" if peak else ""),
+            "", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |",
+            "|---|---|---|---:|---|---|"]
     for p in body.get("papers", []):
         gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"
-        out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | {gpu} | {p['why']} |")
+        out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | "
+                   f"{gpu} | {p['why']} |")
     out.append("")
     return out
 
@@ -101,7 +107,8 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         prov = body.get("provenance", {})
         s = body.get("settings", {})
         parts.append(f"**{f.stem}** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
-                     f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × {s.get('max_new_tokens', '?')} tokens\n")
+                     f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × "
+                     f"{s.get('max_new_tokens', '?')} tokens\n")
         parts.append("| method | tokens/s | speedup vs AR | τ | α |\n|---|---:|---:|---:|---:|")
         for m, r in methods.items():
             parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | "
@@ -126,6 +133,12 @@ def update_readme(readme: Path = README, results_dir: Path = RESULTS_DIR) -> Non
     readme.write_text(f"{head}{START}\n{render(results_dir)}\n{END}{tail}")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog=prog("report"), description=__doc__.splitlines()[0]).parse_args(argv)
     update_readme()
     print(f"updated the results section of {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from dvi_lite.cli import command_line
-from dvi_lite.study.provenance import ROOT
+from dvi_lite.cli import command_line, prog
+from dvi_lite.paths import BUILD_DIR, ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
-OUT_DIR = ROOT / "build" / "notebooks"
+OUT_DIR = BUILD_DIR / "notebooks"
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -55,7 +55,7 @@ def write_timings(times: dict[str, float], total_s: float, smoke: bool, command:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.study.reproduce", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("reproduce"), description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CI-sized run (results go to build/, not results/)")
     ap.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,01")
     ap.add_argument("--model", default=None, help="local HF checkpoint folder passed as MODEL_PATH to every notebook")
@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     params = {"MODEL_PATH": str(Path(args.model).resolve())} if args.model else {}
-    command = "make reproduce" if os.environ.get("DVI_MAKE_START") else command_line("dvi_lite.study.reproduce", argv)
+    command = "make reproduce" if os.environ.get("DVI_MAKE_START") else command_line("reproduce", argv)
     if args.model:  # another model needs its own adapter, heads, skip set and DVI head first
         from dvi_lite.study.prepare import PrepareConfig, prepare
 
-        print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (dvi_lite.study.prepare)", flush=True)
+        print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (python -m dvi_lite prepare)", flush=True)
         prepare(params["MODEL_PATH"], PrepareConfig.smoke() if args.smoke else PrepareConfig(),
                 command=command)
     t0, times = time.time(), {}

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from dvi_lite.study.bench import bench
+from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.models.loading import DRAFT_MODEL
+from dvi_lite.study.bench import bench
 
 # method -> (paper, headline claim as the authors report it, setting); from REFERENCE.md, not measured here
 PAPERS: dict[str, dict] = {
@@ -32,9 +31,12 @@ PAPERS: dict[str, dict] = {
 
 # why a course-scale CPU number differs from the paper's, one line per method
 WHY = {
-    "sps": "12-layer 11M target vs 70B: the draft costs c ≈ 0.2 of a target token instead of ≈ 0.05, and a K+1-token verify is ≈ 1.6× a 1-token forward on CPU",
-    "hf_assisted": "the same draft as sps, but HF's drafting loop has more per-token overhead than our engine on a tiny model",
-    "kangaroo": "2 of 12 layers + adapter + an 8192-vocab head make a draft step cost a large share of a forward (c in the table; ≈ 0.07 on Vicuna-7B); the adapter saw 0.6M tokens",
+    "sps": "12-layer 11M target vs 70B: the draft costs c ≈ 0.2 of a target token instead of ≈ 0.05, and a "
+           "K+1-token verify is ≈ 1.6× a 1-token forward on CPU",
+    "hf_assisted": "the same draft as sps, but HF's drafting loop has more per-token overhead than our engine on a "
+                   "tiny model",
+    "kangaroo": "2 of 12 layers + adapter + an 8192-vocab head make a draft step cost a large share of a forward "
+                "(c in the table; ≈ 0.07 on Vicuna-7B); the adapter saw 0.6M tokens",
     "draft_verify": "12 small layers are far less redundant than 80, so acceptance stays low; and skipping half the "
                     "sub-layers still costs about a forward per draft token on a CPU (c in the table: the LM head "
                     "and per-call overhead are not skipped)",
@@ -65,23 +67,15 @@ def extra_params(model, method: str, options: dict | None = None) -> int:
 
         return _count(load_adapter(model, options.get("split", 2), options.get("adapter")))
     if method == "medusa":
-        from dvi_lite.methods.medusa import drafter as medusa
+        from dvi_lite.methods.medusa.heads import load_heads
 
-        return _count(medusa.load_heads(model, options.get("heads")))
+        return _count(load_heads(model, options.get("heads")))
     if method == "dvi":
-        from dvi_lite.methods.dvi.learner import load_policy
+        from dvi_lite.methods.dvi.policy import load_policy
 
         pol = load_policy(model, options.get("state"), options.get("split"))
         return sum(p.numel() for n, p in pol.named_parameters() if "lora_S" in n or p.requires_grad)
     return 0
-
-
-def kv_bytes(model, positions: int) -> int:
-    """Bytes of the target's KV cache for `positions` tokens (what every method holds)."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return 2 * c.num_hidden_layers * kv * head_dim * positions * next(model.parameters()).element_size()
 
 
 def memory(model, method: str, options: dict, positions: int) -> dict:
@@ -94,7 +88,7 @@ def memory(model, method: str, options: dict, positions: int) -> dict:
     el = next(model.parameters()).element_size()
     extra = extra_params(model, method, options)
     return {"target_bytes": _count(model) * el, "extra_params": extra, "extra_bytes": extra * el,
-            "kv_bytes": kv_bytes(model, positions)}
+            "kv_bytes": kv_bytes(model.config, positions, el)}
 
 
 def run_study(model, tok, prompts: list[dict], methods: list[str], settings: list[dict], max_new_tokens: int,

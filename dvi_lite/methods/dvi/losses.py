@@ -1,128 +1,27 @@
-"""DVI (Draft -> Verify -> Improve): the pure, model-independent parts of the online learner.
+"""The fast and slow losses of DVI, on logits only: nothing here touches a model.
 
-DVI keeps Kangaroo's split (draft q = pi_theta(. | h_k) from the first k layers + a small head, target
-p from all layers) but stops throwing the verifier's decision away: every drafted token becomes an
-experience (h_k, token, reward r in {0, 1}, the verifier's logits), and the draft learns from them
-while it serves. Nothing here touches a model; the training loop feeds logits in and gets losses out.
+Notation: p = target / verifier distribution, q = pi = draft distribution. Losses take (B, V) logits
+(any leading shape (..., V) is flattened, every position weighs the same) and compute in float32.
 
-Pieces:
-  * DVIConfig: one dataclass, a comment per default, validated on construction.
   * lambda_schedule / lambda_curve: the KL weight lambda_t = max(kl_floor, exp(-t / tau)).
-  * Losses on (B, V) logits. Fast update (the draft, every `fast_every` samples):
+  * Fast update (the draft, every `fast_every` experiences):
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
     where L_RL is REINFORCE on the accept bit, -(r - b) log q(token), or its low-variance surrogate
-    -log q(top1(p)). Slow update (the verifier, every `slow_every` fast steps):
+    -log q(top1(p)).
+  * Slow update (the verifier, every `slow_every` fast steps):
         L = CE(pi_phi, ground truth) + beta_kl * KL(pi_phi || pi_phi_old)
   * EMABaseline: b for REINFORCE's variance reduction.
-  * ReplayBuffer: a fixed-size CPU ring of experiences, sampled in mini-batches.
-  * rng_state / set_rng_state: every RNG a run draws from, so a resumed run replays the same numbers.
-
-Notation: p = target / verifier distribution, q = pi = draft distribution.
 """
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-RL_VARIANTS = ("reinforce", "surrogate")
-
-
-# ----------------------------------------------------------------------------------------------
-# config
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-@dataclass
-class DVIConfig:
-    # fast update (draft, policy improvement)
-    tau: float = 200.0  # time constant of lambda_t = exp(-t / tau), in fast steps: KL-dominated warm-up length
-    kl_floor: float = 0.05  # lambda never drops below this: a residual KL keeps the draft near the verifier
-    rl_variant: str = "surrogate"  # "surrogate": -log q(top1 of p), low variance; "reinforce": -(r - b) log q(token)
-    ce_weight: float = 0.2  # weight of the CE anchor on the verifier's top-1 (dense signal from step 1)
-    ce_decay: float = 1.0  # anchor weight is ce_weight * ce_decay**t; 1.0 = constant (no decay)
-    baseline_beta: float = 0.9  # EMA factor of the REINFORCE baseline b (higher = slower, smoother)
-    accepted_only: bool = False  # sample only accepted experiences (less variance, more bias; off for warm-up)
-    backoff_min: int | None = None  # accepted_only: fewer accepted than this -> sample the whole buffer (None = batch_size)
-    teacher_temperature: float = 1.0  # temperature of p in the KL term (1.0 = sharp teacher, the decision it makes)
-    lr: float = 1e-3  # draft (fast) learning rate
-    grad_clip: float = 1.0  # global grad-norm clip of each update
-    fast_every: int = 32  # new experiences between two fast updates
-    batch_size: int = 32  # experiences per fast update
-    buffer_size: int = 4096  # replay capacity (ring: the oldest experiences are overwritten)
-    # slow update (verifier maintenance)
-    slow_every: int = 20  # fast updates between two slow updates
-    slow_lr: float = 1e-4  # verifier (slow) learning rate: conservative by design
-    beta_kl: float = 0.1  # weight of KL(pi_phi || pi_phi_old), keeps the verifier from drifting
-    lora_rank: int = 8  # rank of the LoRA adapters
-    lora_alpha: float = 16.0  # LoRA scaling numerator (scale = alpha / rank)
-    # model / run
-    split: int = 2  # exit layer k: the draft is layers [0, k) + head, the verifier layers [k, L)
-    seed: int = 0  # buffer sampling, init
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self, n_layers: int | None = None) -> DVIConfig:
-        """Raise ValueError naming the first bad parameter; with n_layers also check 0 < split < n_layers.
-
-        A bad value here would otherwise show up much later as a NaN loss or a silently frozen term.
-        Returns self so that `cfg.validate(n)` can be chained.
-        """
-        def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
-
-        positive_reals = ("tau", "teacher_temperature", "lr", "slow_lr", "lora_alpha", "grad_clip")
-        for name in positive_reals:
-            v = getattr(self, name)
-            if not _is_real(v) or v <= 0:
-                raise bad(name, "a finite number > 0")
-        if not _is_real(self.kl_floor) or not 0.0 <= self.kl_floor <= 1.0:
-            raise bad("kl_floor", "a number in [0, 1]")
-        if self.rl_variant not in RL_VARIANTS:
-            raise bad("rl_variant", f"one of {RL_VARIANTS}")
-        if not _is_real(self.ce_weight) or self.ce_weight < 0:
-            raise bad("ce_weight", "a finite number >= 0")
-        if not _is_real(self.ce_decay) or not 0.0 < self.ce_decay <= 1.0:
-            raise bad("ce_decay", "a number in (0, 1] (1 = no decay)")
-        if not _is_real(self.baseline_beta) or not 0.0 <= self.baseline_beta < 1.0:
-            raise bad("baseline_beta", "a number in [0, 1)")
-        if not _is_real(self.beta_kl) or self.beta_kl < 0:
-            raise bad("beta_kl", "a finite number >= 0")
-        if not isinstance(self.accepted_only, bool):
-            raise bad("accepted_only", "a bool")
-        for name in ("fast_every", "batch_size", "buffer_size", "slow_every", "lora_rank"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise bad(name, "an int >= 1")
-        if self.batch_size > self.buffer_size:
-            raise ValueError(f"batch_size must be <= buffer_size ({self.buffer_size}), got {self.batch_size!r}")
-        if self.backoff_min is not None and (not _is_int(self.backoff_min) or self.backoff_min < 1):
-            raise bad("backoff_min", "None or an int >= 1")
-        if not _is_int(self.seed):
-            raise bad("seed", "an int")
-        if not _is_int(self.split) or self.split < 1:
-            raise bad("split", "an int >= 1 (exit layer k)")
-        if n_layers is not None and not self.split < n_layers:
-            raise bad("split", f"an int with 0 < split < {n_layers} (the model's layers)")
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
+from dvi_lite.core.checks import is_int
+from dvi_lite.methods.dvi.config import DVIConfig, is_finite
 
 # ----------------------------------------------------------------------------------------------
 # lambda schedule
@@ -135,18 +34,18 @@ def lambda_schedule(t: float, tau: float, kl_floor: float) -> float:
     lambda decays with time constant tau, handing the weight to the RL term; the floor keeps a residual
     KL forever so the draft cannot wander away from the verifier once RL dominates.
     """
-    if not _is_real(tau) or tau <= 0:
+    if not is_finite(tau) or tau <= 0:
         raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
-    if not _is_real(kl_floor) or not 0.0 <= kl_floor <= 1.0:
+    if not is_finite(kl_floor) or not 0.0 <= kl_floor <= 1.0:
         raise ValueError(f"kl_floor must be a number in [0, 1], got {kl_floor!r}")
-    if not _is_real(t) or t < 0:
+    if not is_finite(t) or t < 0:
         raise ValueError(f"t (fast step) must be a finite number >= 0, got {t!r}")
     return max(float(kl_floor), math.exp(-t / tau))
 
 
 def lambda_curve(steps: int | Iterable[float], tau: float, kl_floor: float) -> list[float]:
     """lambda_t for t = 0 .. steps - 1 (an int) or for the given steps (an iterable), for plots."""
-    ts = range(steps) if _is_int(steps) else steps
+    ts = range(steps) if is_int(steps) else steps
     return [lambda_schedule(t, tau, kl_floor) for t in ts]
 
 
@@ -214,7 +113,7 @@ def ce_anchor(student_logits: torch.Tensor, teacher_top1: torch.Tensor) -> torch
     argmax is pinned while the KL shapes the rest of the distribution. With rl_variant="surrogate" the
     two add up: CE gets weight (1 - lambda_t) + ce_weight * ce_decay**t.
     """
-    return F.cross_entropy(_rows(student_logits), teacher_top1.reshape(-1).long())
+    return surrogate_loss(student_logits, teacher_top1)
 
 
 def fast_loss(batch: dict[str, torch.Tensor], cfg: DVIConfig, step: int,
@@ -277,7 +176,7 @@ class EMABaseline:
     """
 
     def __init__(self, beta: float = 0.9, value: float = 0.0):
-        if not _is_real(beta) or not 0.0 <= beta < 1.0:
+        if not is_finite(beta) or not 0.0 <= beta < 1.0:
             raise ValueError(f"beta must be a number in [0, 1), got {beta!r}")
         self.beta, self.value, self.n_updates = float(beta), float(value), 0
 
@@ -294,153 +193,3 @@ class EMABaseline:
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
         self.beta, self.value, self.n_updates = float(state["beta"]), float(state["value"]), int(state["n_updates"])
-
-
-# ----------------------------------------------------------------------------------------------
-# replay buffer
-
-
-class ReplayBuffer:
-    """A fixed-capacity ring of experiences (h_k, token, reward, teacher logits), kept on CPU.
-
-    The fast update replays recent experiences in mini-batches instead of single tokens (one token is
-    a very noisy gradient); the ring forgets the oldest, so the buffer follows the stream. Full teacher
-    logits (V,) are stored: fine at course scale (4096 x 8k vocab x 4 bytes = 128 MiB), and the KL needs
-    the whole distribution; `logits_dtype=torch.float16` halves that. Storage is allocated on the first
-    add, when D and V are known.
-    """
-
-    def __init__(self, capacity: int, logits_dtype: torch.dtype = torch.float32):
-        if not _is_int(capacity) or capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        self.capacity, self.logits_dtype = capacity, logits_dtype
-        self.size, self.next, self.n_seen = 0, 0, 0  # filled slots, next slot to write, experiences ever added
-        self.h: torch.Tensor | None = None  # (C, D) float32
-        self.tokens: torch.Tensor | None = None  # (C,) int64
-        self.rewards: torch.Tensor | None = None  # (C,) float32, in {0, 1}
-        self.teacher_logits: torch.Tensor | None = None  # (C, V) logits_dtype
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _alloc(self, d: int, v: int) -> None:
-        c = self.capacity
-        self.h = torch.zeros(c, d)
-        self.tokens = torch.zeros(c, dtype=torch.long)
-        self.rewards = torch.zeros(c)
-        self.teacher_logits = torch.zeros(c, v, dtype=self.logits_dtype)
-
-    def add(self, h: torch.Tensor, tokens: torch.Tensor, rewards: torch.Tensor,
-            teacher_logits: torch.Tensor) -> None:
-        """Append n experiences: h (n, D), tokens (n,), rewards (n,) in {0, 1}, teacher_logits (n, V).
-
-        Overwrites the oldest when full (if n > capacity only the last `capacity` survive).
-        """
-        h, tokens = h.detach().cpu(), tokens.detach().cpu().reshape(-1)
-        rewards, teacher_logits = rewards.detach().cpu().reshape(-1), teacher_logits.detach().cpu()
-        if h.ndim != 2 or teacher_logits.ndim != 2:
-            raise ValueError(f"h must be (n, D) and teacher_logits (n, V), got {tuple(h.shape)} and "
-                             f"{tuple(teacher_logits.shape)}")
-        n = h.shape[0]
-        if not tokens.numel() == rewards.numel() == teacher_logits.shape[0] == n:
-            raise ValueError(f"add: h, tokens, rewards, teacher_logits disagree on n: {n}, {tokens.numel()}, "
-                             f"{rewards.numel()}, {teacher_logits.shape[0]}")
-        if not bool(((rewards == 0) | (rewards == 1)).all()):
-            raise ValueError("rewards must be accept bits in {0, 1}")
-        if self.h is None:
-            self._alloc(h.shape[1], teacher_logits.shape[1])
-        elif (h.shape[1], teacher_logits.shape[1]) != (self.h.shape[1], self.teacher_logits.shape[1]):
-            raise ValueError(f"add: expected D={self.h.shape[1]}, V={self.teacher_logits.shape[1]}, got "
-                             f"D={h.shape[1]}, V={teacher_logits.shape[1]}")
-        self.n_seen += n
-        if n > self.capacity:  # only the newest survive; keep their ring positions
-            skip = n - self.capacity
-            self.next = (self.next + skip) % self.capacity
-            h, tokens, rewards, teacher_logits = h[skip:], tokens[skip:], rewards[skip:], teacher_logits[skip:]
-            n = self.capacity
-        idx = (self.next + torch.arange(n)) % self.capacity  # (n,)
-        self.h[idx] = h.float()
-        self.tokens[idx] = tokens.long()
-        self.rewards[idx] = rewards.float()
-        self.teacher_logits[idx] = teacher_logits.to(self.logits_dtype)
-        self.next = (self.next + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int, generator: torch.Generator | None = None, accepted_only: bool = False,
-               min_accepted: int | None = None) -> dict[str, Any]:
-        """A uniform mini-batch without replacement: min(batch_size, pool) distinct experiences.
-
-        accepted_only restricts the pool to accepted experiences (r = 1), which cuts variance but skews
-        the data towards easy states. Backoff: with fewer than `min_accepted` (default batch_size)
-        accepted experiences - always the case at cold start - it samples the whole buffer instead, so a
-        step is never starved or trained on a handful of repeats; the result says so (backoff=True).
-        Returns h (b, D), tokens (b,), rewards (b,), teacher_logits (b, V) float32, index (b,) (slots),
-        backoff (bool).
-        """
-        if self.size == 0:
-            raise ValueError("sample: the replay buffer is empty")
-        if not _is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        pool = torch.arange(self.size)  # (size,) filled slots
-        backoff = False
-        if accepted_only:
-            accepted = pool[self.rewards[: self.size] == 1]
-            need = batch_size if min_accepted is None else min_accepted
-            if accepted.numel() >= need and accepted.numel() > 0:
-                pool = accepted
-            else:
-                backoff = True
-        pick = torch.randperm(pool.numel(), generator=generator)[: min(batch_size, pool.numel())]
-        idx = pool[pick]  # (b,)
-        return {"h": self.h[idx], "tokens": self.tokens[idx], "rewards": self.rewards[idx],
-                "teacher_logits": self.teacher_logits[idx].float(), "index": idx, "backoff": backoff}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: the filled slots and the ring pointers (CPU copies)."""
-        filled = slice(0, self.size)
-        return {"capacity": self.capacity, "logits_dtype": str(self.logits_dtype).removeprefix("torch."),
-                "size": self.size, "next": self.next, "n_seen": self.n_seen,
-                "h": None if self.h is None else self.h[filled].clone(),
-                "tokens": None if self.tokens is None else self.tokens[filled].clone(),
-                "rewards": None if self.rewards is None else self.rewards[filled].clone(),
-                "teacher_logits": None if self.teacher_logits is None else self.teacher_logits[filled].clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.capacity, self.logits_dtype = int(state["capacity"]), getattr(torch, state["logits_dtype"])
-        self.size, self.next, self.n_seen = int(state["size"]), int(state["next"]), int(state["n_seen"])
-        self.h = self.tokens = self.rewards = self.teacher_logits = None
-        if state["h"] is not None:
-            self._alloc(state["h"].shape[1], state["teacher_logits"].shape[1])
-            n = self.size
-            self.h[:n], self.tokens[:n] = state["h"], state["tokens"]
-            self.rewards[:n], self.teacher_logits[:n] = state["rewards"], state["teacher_logits"]
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> ReplayBuffer:
-        buf = cls(int(state["capacity"]))
-        buf.load_state_dict(state)
-        return buf
-
-
-# ----------------------------------------------------------------------------------------------
-# RNG state
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG the online loop may draw from: python `random`, numpy, torch CPU, and CUDA if present.
-
-    Save it in the checkpoint next to the models, optimisers, buffer and baseline: a resumed run then
-    draws the same numbers as an uninterrupted one, so the two can be compared for equality.
-    """
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what rng_state() captured (CUDA only when captured and available)."""
-    random.setstate(state["python"])
-    if state.get("numpy") is not None:
-        np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,7 +1,7 @@
 """An interactive DVI lab for notebook 05: sliders for the fast update's knobs, a live lambda_t curve,
 and a button that runs a short, real online-training run and streams its diagnostics into the figure.
 
-    w = LambdaWidget(model, train_prompts(tok, n_per_domain=20), DVIConfig(split=2), horizon=500)
+    w = LambdaWidget(model, train_prompts(tok, n_per_domain=20), DVIConfig(split=2), horizon=500)  # dvi.cli
     w                      # (or w.display()) the controls + the live plotly FigureWidget
     w.train(20)            # the same as the button: 20 fast steps, streamed into the figure
     w.static_figure()      # a plain go.Figure of the current state, for executed notebooks / HTML export
@@ -16,13 +16,12 @@ Controls (each has a stable `description` and a CSS class, so a browser test can
     button       Button          "train N steps" .dvi-train
     status       HTML                           .dvi-status     what happened last (errors included)
     fig          FigureWidget                   .dvi-figure
-The whole box has class .dvi-widget.
+The whole box has class .dvi-widget. ipywidgets and plotly (the [course] extra) are imported when a
+widget is built, so importing this module needs neither.
 
-Figure traces (by name): row 1 "lambda_t" (the schedule for the current tau / KL floor, over fast steps
-t = 0 .. horizon-1), "lambda_used" (the lambda each training update actually used) and "current_step"
-(a vertical marker at the trainer's next fast step); row 2 "accept_rate" (right axis, [0, 1]), "loss",
-"l_kl", "l_rl" (left axis). Training traces are plotted at t = record["step"] - 1: the index of the update,
-the t its lambda_t was computed at, so "lambda_used" sits on "lambda_t" while tau and the floor are unchanged.
+The figure and its traces (TRACE_NAMES) are described in figure.py. Training traces are plotted at
+t = record["step"] - 1: the index of the update, the t its lambda_t was computed at, so "lambda_used"
+sits on "lambda_t" while tau and the floor are unchanged.
 
 When things apply: tau and the KL floor redraw the lambda_t curve at once; every control (tau, floor,
 CE weight, RL variant, lr) reaches the trainer on the NEXT click / train() call, never in the middle of
@@ -42,22 +41,21 @@ import math
 import re
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ipywidgets as widgets
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from dvi_lite.methods.dvi.config import RL_VARIANTS, DVIConfig
+from dvi_lite.methods.dvi.figure import LAMBDA_TRACE, STREAM_TRACES, lambda_figure
+from dvi_lite.methods.dvi.losses import lambda_curve
 
-from dvi_lite.methods.dvi.losses import RL_VARIANTS, DVIConfig, lambda_curve
+if TYPE_CHECKING:  # the [course] extra: imported when a widget is built, so this module imports without it
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
 
 # read-only: control attribute -> CSS class (what the browser test looks for)
 CSS_CLASSES = MappingProxyType({
     "tau": "dvi-tau", "kl_floor": "dvi-kl-floor", "ce_weight": "dvi-ce-weight", "rl_variant": "dvi-rl-variant",
     "lr": "dvi-lr", "steps": "dvi-steps", "button": "dvi-train", "status": "dvi-status", "fig": "dvi-figure",
     "ui": "dvi-widget"})
-LAMBDA_TRACE = "lambda_t"
-STREAM_TRACES = ("accept_rate", "loss", "l_kl", "l_rl")  # record keys, also the trace names
-TRACE_NAMES = (LAMBDA_TRACE, "lambda_used", "current_step") + STREAM_TRACES
 CONFIG_FIELDS = ("tau", "kl_floor", "ce_weight", "rl_variant", "lr")  # DVIConfig fields the controls set
 
 _TIPS = MappingProxyType({
@@ -86,7 +84,7 @@ def _log_range(lo: float, hi: float, value: float, step: float) -> tuple[float, 
 class LambdaWidget:
     """Sliders for tau, KL floor, CE weight, RL variant and lr; a live lambda_t plot; 'train N steps'.
 
-    model, prompts_ids: what OnlineTrainer gets (token-id lists, e.g. dvi.train_prompts(tok, ...)).
+    model, prompts_ids: what OnlineTrainer gets (token-id lists, e.g. dvi.cli.train_prompts(tok, ...)).
     cfg: the starting DVIConfig (copied; default DVIConfig()); the controls start at its values.
     horizon: fast steps shown by the lambda_t curve (it grows when training goes past it).
     steps_per_click: the steps slider's start value. trainer_kwargs: extra OnlineTrainer keywords
@@ -102,6 +100,8 @@ class LambdaWidget:
             raise ValueError(f"horizon must be an int >= 2, got {horizon!r}")
         if not isinstance(steps_per_click, int) or isinstance(steps_per_click, bool) or steps_per_click < 1:
             raise ValueError(f"steps_per_click must be an int >= 1, got {steps_per_click!r}")
+        import ipywidgets as widgets
+
         self.model = model
         self.prompts_ids = [list(p) for p in prompts_ids]
         self.cfg = dataclasses.replace(cfg if cfg is not None else DVIConfig())  # own copy (validated)
@@ -110,7 +110,8 @@ class LambdaWidget:
         self.trainer = None  # OnlineTrainer, built lazily by train()
         self.records: list[dict[str, Any]] = []
         self._busy = False
-        self._stream: dict[str, tuple[list[float], list[float | None]]] = {n: ([], []) for n in ("lambda_used",) + STREAM_TRACES}
+        self._stream: dict[str, tuple[list[float], list[float | None]]] = {
+            n: ([], []) for n in ("lambda_used",) + STREAM_TRACES}
         c = self.cfg
         style = {"description_width": "initial"}
         t_lo, t_hi = _log_range(5.0, 1000.0, c.tau, 0.01)
@@ -121,8 +122,8 @@ class LambdaWidget:
         self.ce_weight = widgets.FloatSlider(value=c.ce_weight, min=0.0, max=max(1.0, c.ce_weight), step=0.01,
                                              description="CE weight", readout_format=".2f", style=style,
                                              tooltip=_TIPS["ce_weight"])
-        self.rl_variant = widgets.Dropdown(options=list(RL_VARIANTS[::-1]), value=c.rl_variant, description="RL variant",
-                                           style=style, tooltip=_TIPS["rl_variant"])
+        self.rl_variant = widgets.Dropdown(options=list(RL_VARIANTS[::-1]), value=c.rl_variant,
+                                           description="RL variant", style=style, tooltip=_TIPS["rl_variant"])
         l_lo, l_hi = _log_range(1e-4, 1e-1, c.lr, 0.05)
         self.lr = widgets.FloatLogSlider(value=c.lr, base=10, min=l_lo, max=l_hi, step=0.05, description="lr",
                                          readout_format=".1e", style=style, tooltip=_TIPS["lr"])
@@ -131,7 +132,7 @@ class LambdaWidget:
         self.button = widgets.Button(description="train N steps", button_style="primary", icon="play",
                                      tooltip="run N (the steps slider) fast updates of real online DVI training")
         self.status = widgets.HTML(value="")
-        self.fig = self._make_figure()
+        self.fig = lambda_figure(horizon, c.tau, c.kl_floor)
         for name in CSS_CLASSES:
             if name != "ui":
                 getattr(self, name).add_class(CSS_CLASSES[name])
@@ -144,38 +145,8 @@ class LambdaWidget:
         self._say(self._schedule_text())
 
     # ------------------------------------------------------------------ figure
-    def _make_figure(self) -> go.FigureWidget:
-        base = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                             specs=[[{}], [{"secondary_y": True}]],
-                             subplot_titles=("KL weight λ_t = max(KL floor, exp(-t / τ))",
-                                             "online training: acceptance and losses"))
-        try:
-            fig = go.FigureWidget(base)
-        except ImportError as e:  # plotly >= 6 builds FigureWidget on anywidget
-            raise ImportError(f"LambdaWidget needs plotly's FigureWidget, which needs anywidget: pip install "
-                              f"anywidget (it is a dependency in pyproject.toml) ({e})") from e
-        c = self.cfg
-        ts = list(range(self.horizon))
-        fig.add_scatter(x=ts, y=lambda_curve(self.horizon, c.tau, c.kl_floor), name=LAMBDA_TRACE, mode="lines",
-                        line={"color": "#1f77b4", "width": 3}, row=1, col=1)
-        fig.add_scatter(x=[], y=[], name="lambda_used", mode="markers", marker={"color": "#ff7f0e", "size": 6},
-                        row=1, col=1)
-        fig.add_scatter(x=[0, 0], y=[0.0, 1.05], name="current_step", mode="lines",
-                        line={"color": "gray", "dash": "dash"}, row=1, col=1)
-        fig.add_scatter(x=[], y=[], name="accept_rate", mode="lines+markers", line={"color": "#2ca02c"},
-                        row=2, col=1, secondary_y=True)
-        for name, color in (("loss", "#d62728"), ("l_kl", "#9467bd"), ("l_rl", "#8c564b")):
-            fig.add_scatter(x=[], y=[], name=name, mode="lines", line={"color": color}, row=2, col=1)
-        fig.update_yaxes(title_text="λ_t", range=[0, 1.05], row=1, col=1)
-        fig.update_yaxes(title_text="loss", row=2, col=1, secondary_y=False)
-        fig.update_yaxes(title_text="accept rate", range=[0, 1], row=2, col=1, secondary_y=True)
-        fig.update_xaxes(title_text="fast step t", row=2, col=1)
-        fig.update_layout(height=620, margin={"t": 60, "b": 40, "l": 60, "r": 60},
-                          legend={"orientation": "h", "y": -0.12})
-        return fig
-
     def trace(self, name: str):
-        """The FigureWidget's trace called `name` (see TRACE_NAMES)."""
+        """The FigureWidget's trace called `name` (see figure.TRACE_NAMES)."""
         for tr in self.fig.data:
             if tr.name == name:
                 return tr
@@ -333,6 +304,8 @@ class LambdaWidget:
     def static_figure(self) -> go.Figure:
         """A plain go.Figure copy of the current state (lambda curve + training traces): renders without
         a widget manager, so an executed notebook / exported HTML shows the result."""
+        import plotly.graph_objects as go
+
         fig = go.Figure(self.fig)
         c = self.cfg
         fig.update_layout(title={"text": f"DVI λ_t (τ = {c.tau:.3g}, KL floor = {c.kl_floor:.2f}) after "
@@ -354,6 +327,8 @@ class LambdaWidget:
     def ui(self) -> widgets.VBox:
         """VBox(controls, button + status, figure); the same box every time."""
         if self._ui is None:
+            import ipywidgets as widgets
+
             self._ui = widgets.VBox([widgets.HBox([self.tau, self.kl_floor, self.ce_weight]),
                                      widgets.HBox([self.rl_variant, self.lr, self.steps]),
                                      widgets.HBox([self.button, self.status]), self.fig])

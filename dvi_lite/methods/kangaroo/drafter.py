@@ -1,12 +1,14 @@
 """Kangaroo (Liu et al. 2024): self-speculative decoding by double early exit, with a small adapter.
 
-The draft is the target's own first k layers + an adapter (one attention layer between two RMSNorms)
-+ the target's LM head: q = softmax(lm_head(adapter(h_k))). Verification runs only layers [k, L) on
-the states drafting already computed (EarlyExitDrafter + the engine's Proposal.hidden). The second
-early exit stops drafting once the draft's top-1 probability falls below eta.
+The draft is the target's own first s = `split` layers + an adapter (one attention layer between two
+RMSNorms) + the target's LM head: q = softmax(lm_head(adapter(h_s))). Verification runs only layers
+[s, L) on the states drafting already computed (EarlyExitDrafter + the engine's Proposal.hidden). The
+second early exit stops drafting once the draft's top-1 probability falls below eta. An adapter is
+trained for one exit layer: its file is per split (data/kangaroo/adapter_k<split>.pt), and the default
+split is core.checks.default_split, as for every self-speculative method.
 
 The adapter keeps its own one-layer KV cache. Invariant: it holds positions [0, A) and `todo` holds
-the layer-k states of committed positions [A, committed) it has not seen yet — the "last draft token"
+the exit-layer states of committed positions [A, committed) it has not seen yet — the "last draft token"
 case: when every draft is accepted, the last one was never fed to the adapter (only verification ran
 it through the shallow layers), so its state comes from Outcome.split_hidden.
 """
@@ -20,28 +22,27 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint
-from dvi_lite.paths import DATA_DIR
-from dvi_lite.methods.early_exit import EarlyExitDrafter, check_split
+from dvi_lite.core.checks import check_split, default_split
 from dvi_lite.core.engine import DecodeState, Outcome, Proposal
-from dvi_lite.core.kvcache import KVCache
-from dvi_lite.core.runner import Runner
-from dvi_lite.core.runner import chain_mask
+from dvi_lite.core.kvcache import KVCache, kv_shape
+from dvi_lite.core.runner import Runner, chain_mask
+from dvi_lite.methods.early_exit import EarlyExitDrafter
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.paths import DATA_DIR
 
 ADAPTER_DIR = DATA_DIR / "kangaroo"
 
 
 class KangarooAdapter(nn.Module):
-    """h_k (1, n, D) -> normalised states for the target's LM head: out_norm(h + attn(in_norm(h)))."""
+    """h_s (1, n, D) -> normalised states for the target's LM head: out_norm(h + attn(in_norm(h)))."""
 
     def __init__(self, model, split: int):
         super().__init__()
         cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        n_kv, head_dim = kv_shape(cfg)
         acfg = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                           num_key_value_heads=getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-                           head_dim=head_dim, rms_norm_eps=cfg.rms_norm_eps, num_hidden_layers=1,
-                           attention_bias=False, attn_implementation="sdpa")
+                           num_key_value_heads=n_kv, head_dim=head_dim, rms_norm_eps=cfg.rms_norm_eps,
+                           num_hidden_layers=1, attention_bias=False, attn_implementation="sdpa")
         self.split = split
         self.in_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.attn = LlamaAttention(acfg, layer_idx=0)
@@ -79,26 +80,20 @@ def save_adapter(adapter: KangarooAdapter, model, path: Path, card: dict | None 
         path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
 
 
-_LOADED: dict = {}  # (id(model), split, path) -> adapter: load once, not on every generate() call
-
-
 def load_adapter(model, split: int, path: str | Path | None = None) -> KangarooAdapter:
-    """The trained adapter for this model and exit layer; a clear error if there is none."""
+    """The trained adapter for this model and exit layer (loaded once per model); a clear error if there is none."""
     path = Path(path) if path is not None else model_adapter_path(model, split)
-    key = (id(model), split, str(path))
-    if key not in _LOADED:
-        _LOADED[key] = _load_adapter(model, split, path)
-    return _LOADED[key]
+    return load_cached("kangaroo_adapter", model, path, lambda: _load_adapter(model, split, path), extra=split)
 
 
 def _load_adapter(model, split: int, path: Path) -> KangarooAdapter:
     if not path.is_file():
         raise FileNotFoundError(f"no Kangaroo adapter for exit layer {split} at {path}; train one with "
-                                f"`python -m dvi_lite.methods.kangaroo.train --split {split}` (or pass adapter=...)")
+                                f"`python -m dvi_lite kangaroo-train --split {split}` (or pass adapter=...)")
     ck = torch.load(path, map_location="cpu", weights_only=True)
     if ck["fingerprint"] != fingerprint(model) or ck["split"] != split:
         raise ValueError(f"Kangaroo adapter {path} was trained for another model or exit layer "
-                         f"(split {ck['split']}); train one for this model with dvi_lite.methods.kangaroo.train")
+                         f"(split {ck['split']}); train one for this model with `python -m dvi_lite kangaroo-train`")
     adapter = KangarooAdapter(model, split)
     p = next(model.parameters())
     adapter.load_state_dict({k: v.to(p.dtype) for k, v in ck["state"].items()})
@@ -108,15 +103,15 @@ def _load_adapter(model, split: int, path: Path) -> KangarooAdapter:
 class KangarooDrafter(EarlyExitDrafter):
     name = "kangaroo"
 
-    def __init__(self, runner, adapter: KangarooAdapter, max_steps: int = 6, threshold: float | None = 0.6,
+    def __init__(self, runner: Runner, adapter: KangarooAdapter, k: int = 6, threshold: float | None = 0.6,
                  branch: int = 1):
-        super().__init__(runner, adapter.split, max_steps, threshold, branch)
+        super().__init__(runner, adapter.split, k, threshold, branch)
         self.adapter = adapter
         self.capture_layer = adapter.split
 
     def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:
         self.cache = KVCache.for_model(self.runner.model, state.cache.max_len, n_layers=1)
-        self.todo = [state.prefill_hidden[self.split]]  # the prompt's layer-k states, fed on first use
+        self.todo = [state.prefill_hidden[self.split]]  # the prompt's exit-layer states, fed on first use
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
         x = torch.cat(self.todo + [h], 1)  # (1, n, D): unseen committed states, then this input
@@ -132,7 +127,7 @@ class KangarooDrafter(EarlyExitDrafter):
         return super().propose(state)
 
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
-        fed = outcome.proposal.hidden.shape[1]  # inputs [pending, d1, ...] whose layer-k state went through the adapter
+        fed = outcome.proposal.hidden.shape[1]  # inputs [pending, d1, ...] whose exit state went through the adapter
         committed = [0] + [i + 1 for i in outcome.path]  # node indices (pending = 0) now in the target's cache
         j = 0  # the adapter keeps the fed chain prefix that was committed
         while j < min(fed, len(committed)) and committed[j] == j:
@@ -142,12 +137,19 @@ class KangarooDrafter(EarlyExitDrafter):
             self.todo = [outcome.split_hidden[:, committed[j:]]]
 
 
-def make_drafter(model, tokenizer, split: int = 2, max_steps: int = 6, threshold: float | None = 0.6, adapter=None,
-              branch: int = 1):
+def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = 0.6,
+                 adapter: KangarooAdapter | str | Path | None = None, branch: int = 1) -> KangarooDrafter:
     """Kangaroo: exit at layer `split`, adapter + shared head drafts, stop below top-1 prob `threshold`;
-    branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass)."""
+    branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass).
+
+    split=None: a given adapter object's own exit layer, else core.checks.default_split.
+    """
     r = Runner.for_model(model)
+    if split is None:
+        split = adapter.split if isinstance(adapter, KangarooAdapter) else default_split(r.n_layers)
     split = check_split(split, r.n_layers)
     if adapter is None or isinstance(adapter, (str, Path)):
         adapter = load_adapter(model, split, adapter)
-    return KangarooDrafter(r, adapter, max_steps, threshold, branch)
+    elif adapter.split != split:
+        raise ValueError(f"split {split}: the given Kangaroo adapter was trained for exit layer {adapter.split}")
+    return KangarooDrafter(r, adapter, k, threshold, branch)

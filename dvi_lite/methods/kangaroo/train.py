@@ -1,8 +1,8 @@
-"""Train a Kangaroo adapter by distillation from the frozen model: `python -m dvi_lite.methods.kangaroo.train`.
+"""Train a Kangaroo adapter by distillation from the frozen model: `python -m dvi_lite kangaroo-train`.
 
-Recipe: windows of the corpus' train split; the frozen target gives the layer-k states h_k and its
+Recipe: windows of the corpus' train split; the frozen target gives the exit-layer states h_s and its
 own next-token distribution p at every position; the adapter is trained so that
-q = softmax(lm_head(adapter(h_k))) matches p, with loss KL(p || q) averaged over all positions
+q = softmax(lm_head(adapter(h_s))) matches p, with loss KL(p || q) averaged over all positions
 (dense, soft targets: every position teaches the whole distribution, not only the argmax).
 AdamW, warm-up + cosine to a floor, gradient clipping, checkpoints every few minutes, `--resume`.
 Only the adapter's parameters train; the LM head is shared and frozen.
@@ -12,25 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.models.artifacts import artifacts_dir
-from dvi_lite.cli import command_line, require_positive, run_or_usage_error
-from dvi_lite.methods.early_exit import check_split
-from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
-from dvi_lite.models.loading import load_model
-from dvi_lite.study.provenance import ROOT, provenance
+from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.core.checks import check_split, default_split
 from dvi_lite.core.runner import Runner
 from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
+from dvi_lite.models.artifacts import artifacts_dir
+from dvi_lite.models.loading import load_model
+from dvi_lite.paths import BUILD_DIR
+from dvi_lite.study.provenance import provenance
 
 
 @dataclass
 class AdapterConfig:
-    split: int = 2  # exit layer k (Kangaroo's default for a 32-layer Vicuna is 2)
+    split: int | None = None  # exit layer; None = core.checks.default_split (2 for the course model's 12 layers)
     steps: int = 300  # optimiser steps
     batch_size: int = 8  # windows per step
     seq_len: int = 256  # window length
@@ -43,7 +44,7 @@ class AdapterConfig:
 
 
 def distill_loss(adapter: KangarooAdapter, runner: Runner, x: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) per position, averaged: p from the frozen full model, q from layer k + adapter."""
+    """KL(p || q) per position, averaged: p from the frozen full model, q from the exit layer + adapter."""
     pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
     with torch.no_grad():
         hk = runner.layers_forward(runner.embed(x), None, pos, 0, adapter.split)
@@ -59,6 +60,8 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     for p in model.parameters():
         p.requires_grad_(False)
     runner = Runner(model)
+    if cfg.split is None:
+        cfg = replace(cfg, split=default_split(runner.n_layers))
     check_split(cfg.split, runner.n_layers)
     adapter = KangarooAdapter(model, cfg.split).train()
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -67,7 +70,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     gen = torch.Generator().manual_seed(cfg.seed)
     out = Path(out) if out is not None else adapter_path(cfg.split, artifacts_dir(model) / "kangaroo")
-    ckpt = ROOT / "build" / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
+    ckpt = BUILD_DIR / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
         ck = torch.load(ckpt, weights_only=False)
@@ -106,19 +109,21 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     return card
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.methods.kangaroo.train", description=__doc__.splitlines()[0])
-    ap.add_argument("--split", type=int, default=2, help="exit layer k")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog("kangaroo-train"), description=__doc__.splitlines()[0])
+    ap.add_argument("--split", type=int, default=None, help="exit layer (default: core.checks.default_split)")
     ap.add_argument("--steps", type=int, default=AdapterConfig.steps)
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
-    ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the course model, build/models/<fingerprint>/kangaroo/ for another)")
+    ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the "
+                    "course model, build/models/<fingerprint>/kangaroo/ for another)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps")
     cfg = AdapterConfig(split=args.split, steps=args.steps)
     run_or_usage_error(ap, train_adapter, cfg, args.model, args.out, args.resume,
-                       command_line("dvi_lite.methods.kangaroo.train", argv))
+                       command_line("kangaroo-train", argv))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,26 +1,22 @@
-"""Train Medusa heads by distillation from the frozen model: `python -m dvi_lite.methods.medusa.train --heads 4`.
+"""Train Medusa heads by distillation from the frozen model: `python -m dvi_lite medusa-train --heads 4`.
 
 Recipe: windows of the corpus' train split; the frozen model gives the final pre-norm states h_t and
-its own next-token distributions p_t at every position. Head i at position t is trained towards the
-model's distribution one position later for each further head: p_{t+1+i}, the model's prediction of
-x_{t+2+i} given the corpus up to x_{t+1+i} (the module convention: head i on h_t predicts x_{t+2+i}).
-Loss: KL(p_{t+1+i} || q_i) averaged over all positions (dense soft targets: every position teaches the
-whole distribution, and the heads learn to agree with *this* model, which is what verification
-rewards; the course model was trained on this corpus, so the corpus is its own distribution and
-self-distillation on generated text, Medusa-2's recipe for chat models, is not needed here).
-`--loss ce` trains on the model's argmax instead. Head i's loss is weighted 0.8^i (Medusa-1's lambda).
+its own next-token distributions p_t at every position. Head i on h_t predicts x_{t+2+i} (heads.py's
+convention), so it is trained towards p_{t+1+i}, the model's own prediction of that token. Loss:
+KL(p_{t+1+i} || q_i) over all positions: dense soft targets teach the whole distribution, and the heads
+learn to agree with *this* model, which is what verification rewards. (The course model was trained on
+this corpus, so the corpus is its own distribution and Medusa-2's self-distillation on generated text
+is not needed.) `--loss ce` trains on the model's argmax instead. Head i's loss is weighted 0.8^i
+(Medusa-1's lambda).
 
-AdamW, warm-up + cosine decay to a non-zero floor (Project Gorgon's scheduler reached zero, so a
-resumed run learned nothing), gradient clipping, checkpoints every few minutes and `--resume` (the
-schedule resumes at the saved step). After training, the heads are evaluated (`head_accuracy`) and
-saved with their measured per-rank accuracies (the sparse tree is built from them) and a JSON card.
+AdamW, warm-up + cosine decay to a non-zero floor (Project Gorgon's scheduler reached zero, so a resumed
+run learned nothing), gradient clipping, checkpoints every few minutes and `--resume`. The trained heads
+are saved with their measured per-rank accuracies (the sparse tree is built from them) and a JSON card.
 
-Sanity check first (Gorgon's lesson): `sanity_check(model, tok, steps=100)` trains fresh heads for 100
-steps and reports, before and after, head 0's top-1 accuracy beside the model's own next-token
-accuracy. At step 0 every head with the frozen norm copies the model's own prediction exactly
-(heads_vs_next = 1.0). Without the norm (`--no-norm`) the top-1 barely differs at step 0, but the
-logits are far too sharp: untrained heads' KL on the course model is ~66 nats instead of ~4.2
-(`val_losses`), and training has to undo that first.
+`sanity_check` is Gorgon's missing 100-step check: fresh heads trained briefly, head 0's top-1 accuracy
+before and after beside the model's own next-token accuracy. With the frozen norm every untrained head
+copies the model's own prediction exactly; without it (`--no-norm`) the logits start far too sharp and
+training has to undo that first.
 """
 from __future__ import annotations
 
@@ -35,14 +31,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, require_positive, run_or_usage_error
-from dvi_lite.methods.medusa.drafter import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
-from dvi_lite.models.loading import load_model
-from dvi_lite.study.provenance import ROOT, provenance
+from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.runner import Runner
 from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
+from dvi_lite.methods.medusa.heads import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
+from dvi_lite.models.loading import load_model
+from dvi_lite.paths import ROOT
+from dvi_lite.study.provenance import provenance
 
 LOSSES = ("kl", "ce")
+COMMAND = "medusa-train"  # python -m dvi_lite <COMMAND>
 
 
 @dataclass
@@ -169,7 +167,7 @@ def train_loop(heads: MedusaHeads, runner: Runner, data: np.ndarray, cfg: Medusa
         per_head = train_step(heads, runner, x.to(runner.device), cfg)
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head))
+        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True))
         log.append({"step": step + 1, "loss": loss, "per_head": per_head, "lr": lr, "time_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss:.3f}", head0=f"{per_head[0]:.3f}")
         if ckpt is not None and (time.time() - last > cfg.ckpt_every_s or step + 1 == end):
@@ -217,22 +215,22 @@ def greedy_rollout(runner: Runner, x: torch.Tensor, n: int) -> tuple[torch.Tenso
 
 @torch.no_grad()
 def head_accuracy(model, tok, heads: MedusaHeads, n_windows: int = 256, ctx: int = 64, split: str = "val",
-                  top_k: int = 4, seed: int = 0, data: np.ndarray | None = None, chunk: int = 64) -> dict:
+                  branch: int = 4, seed: int = 0, data: np.ndarray | None = None, chunk: int = 64) -> dict:
     """How often each head's candidates are what the model itself would emit, beside the model's accuracy.
 
     n_windows random prefixes of ctx tokens from the corpus split (or `data`, a token stream; tok is
-    then unused and may be None). At each
-    prefix's last position t: the model's greedy continuation g_0 (its next token: the pending one),
-    g_1, ..., g_H; head i's top-k for x_{t+2+i} is compared with g_{1+i} — the token greedy decoding
-    accepts at tree depth i (given the heads were right before it). Returns
+    then unused and may be None). At each prefix's last position t: the model's greedy continuation g_0
+    (its next token: the pending one), g_1, ..., g_H; head i's top-branch tokens for x_{t+2+i} are
+    compared with g_{1+i}, the token greedy decoding accepts at tree depth i (given the heads were right
+    before it). Returns
       model_next:     P(g_0 = the corpus token x_{t+1})   (the model's own next-token accuracy)
       heads_greedy:   [P(head i top-1 = g_{1+i})]           (what acceptance needs; compare head 0 to model_next)
       heads_corpus:   [P(head i top-1 = corpus x_{t+2+i})]
       heads_vs_next:  [P(head i top-1 = g_0)]                (1.0 for untrained heads with the frozen norm)
-      rank_accuracy:  (H, top_k) P(head i rank-r token = g_{1+i})  (the input of medusa.sparse_tree)
+      rank_accuracy:  (H, branch) P(head i rank-r token = g_{1+i})  (the input of trees.sparse_tree)
       n:              prefixes used
     """
-    runner = Runner(model)
+    runner = Runner.for_model(model)
     if data is None:
         data = encode_split(tok, split)
     H = heads.num_heads
@@ -244,15 +242,15 @@ def head_accuracy(model, tok, heads: MedusaHeads, n_windows: int = 256, ctx: int
     was_training = heads.training
     heads.eval()
     model_next, greedy, corpus, vs_next = 0, torch.zeros(H), torch.zeros(H), torch.zeros(H)
-    ranks = torch.zeros(H, top_k)
+    ranks = torch.zeros(H, branch)
     for c in range(0, n_windows, chunk):
         w = win[c: c + chunk].to(runner.device)
         h_t, g = greedy_rollout(runner, w[:, :ctx], H + 1)  # (b, D), (b, H+1)
         fut = w[:, ctx:]  # (b, H+1): corpus x_{t+1} .. x_{t+1+H}
-        top = heads(h_t).topk(top_k, -1).indices  # (H, b, k)
+        top = heads(h_t).topk(branch, -1).indices  # (H, b, branch)
         model_next += int((g[:, 0] == fut[:, 0]).sum())
         for i in range(H):
-            hit = top[i] == g[:, 1 + i, None]  # (b, k)
+            hit = top[i] == g[:, 1 + i, None]  # (b, branch)
             ranks[i] += hit.sum(0).float().cpu()
             greedy[i] += float(hit[:, 0].sum())
             corpus[i] += float((top[i, :, 0] == fut[:, 1 + i]).sum())
@@ -275,16 +273,16 @@ def sanity_check(model, tok, steps: int = 100, num_heads: int = 4, norm: bool = 
     heads = MedusaHeads(model, cfg.heads, norm=cfg.norm, shared_lm_head=cfg.shared_lm_head)
     data_train = data if data is not None else encode_split(tok, "train")
     before = head_accuracy(model, tok, heads, data=data, **eval_kw)
-    log = train_loop(heads, Runner(model), data_train, cfg)
+    log = train_loop(heads, Runner.for_model(model), data_train, cfg)
     after = head_accuracy(model, tok, heads, data=data, **eval_kw)
     return {"before": before, "after": after, "log": log, "heads": heads}
 
 
 def default_out(cfg: MedusaTrainConfig, model=None) -> Path:
     """data/medusa/heads.pt for the course recipe (frozen norm + the model's shared LM head: at course
-    scale a trainable 8192 x 256 head copy per head would be 2.1M parameters each, and 4 of them drafting
-    cost more than a third of a forward); variants get their own file (never overwrite it). Another model's
-    heads go to build/models/<fingerprint>/medusa/."""
+    scale a trainable vocabulary projection per head is most of a head's parameters and of its drafting
+    cost); variants get their own file (never overwrite it). Another model's heads go to
+    build/models/<fingerprint>/medusa/."""
     d = HEADS_DIR if model is None else heads_path(model).parent
     if cfg.norm and cfg.shared_lm_head:
         return d / HEADS_PATH.name
@@ -313,7 +311,7 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
     model, tok = load_model(model_path, dtype="float32")
     for p in model.parameters():
         p.requires_grad_(False)
-    runner = Runner(model)
+    runner = Runner.for_model(model)
     heads = MedusaHeads(model, cfg.heads, norm=cfg.norm, shared_lm_head=cfg.shared_lm_head)
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     out = Path(out) if out is not None else default_out(cfg, model)
@@ -334,8 +332,8 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
     return card
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.methods.medusa.train", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog(COMMAND), description=__doc__.splitlines()[0])
     d = MedusaTrainConfig()
     ap.add_argument("--heads", type=int, default=d.heads, help="number of heads")
     ap.add_argument("--steps", type=int, default=d.steps)
@@ -353,8 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = MedusaTrainConfig(heads=args.heads, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                             lr=args.lr, loss=args.loss, norm=not args.no_norm, shared_lm_head=args.shared_lm_head)
     run_or_usage_error(ap, train_heads, cfg, args.model, args.out, args.resume,
-                       command_line("dvi_lite.methods.medusa.train", argv))
+                       command_line(COMMAND, argv))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

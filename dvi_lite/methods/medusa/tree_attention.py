@@ -6,39 +6,30 @@ never to its siblings or cousins: those are alternative continuations, not conte
 
 Two implementations with one signature:
 
-* `tree_attention_reference`: builds the dense (N, P + N) boolean mask with `runner.tree_mask` and
-  calls sdpa. Obviously right, and what `Runner` does; the mask costs O(N * (P + N)) memory and a
-  host-side loop over the tree.
+* `tree_attention_reference`: the dense (N, P + N) boolean mask of `runner.tree_mask` + sdpa. Obviously
+  right, and what `Runner` does; the mask costs O(N * (P + N)) memory and a host-side loop.
 * `tree_attention_triton`: a flash-attention-style Triton kernel that never materialises a mask. It
   streams the past in blocks with an online softmax (every node sees all of it), then the tree keys,
-  where "key j is allowed for query i" is decided in registers by walking the ancestor pointers of i
-  (loaded from the `parents` array in global memory) up to the tree's depth.
+  where "key j is allowed for query i" is decided in registers by walking i's ancestor pointers.
 
-`tree_attention(..., backend="auto")` picks Triton for CUDA tensors when Triton can be imported, the
-reference otherwise. Triton is imported lazily, so this module imports on a machine without a GPU;
-there the kernel only runs under Triton's interpreter, which the tests use: set TRITON_INTERPRET=1
-before the first call into the Triton backend (that is when the kernel is defined, and Triton decides
-then whether it is interpreted).
-
-GPU check (writes a JSON summary of max errors and timings):
-    python -m dvi_lite.methods.medusa.tree_attention --check --n 300 --out tree_attn_check.json
+`tree_attention(..., backend="auto")` picks Triton for CUDA tensors when Triton imports, the reference
+otherwise. Triton is imported lazily, so this module imports without it (and without a GPU); on a CPU the
+kernel runs only under Triton's interpreter, which the tests use: set TRITON_INTERPRET=1 before the first
+call into the Triton backend (the kernel is defined then, and Triton decides then whether it is
+interpreted). The GPU check is `python -m dvi_lite tree-attention --check` (tree_attention_check.py).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import math
-import time
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from dvi_lite.core.runner import tree_mask
+from dvi_lite.core.runner import tree_depths, tree_mask
 
 __all__ = ["validate_parents", "tree_attention", "tree_attention_reference", "tree_attention_triton",
-           "available_backends"]
+           "available_backends", "kernel_defined"]
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -64,7 +55,8 @@ def validate_parents(parents: torch.Tensor | Sequence[int], require_single_root:
         try:
             parents = torch.as_tensor(parents)
         except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"parents must be a 1-D integer tensor or list of ints, got {type(parents).__name__}: {e}") from e
+            raise ValueError(f"parents must be a 1-D integer tensor or list of ints, "
+                             f"got {type(parents).__name__}: {e}") from e
     if parents.ndim != 1:
         raise ValueError(f"parents must be 1-D (one parent index per tree node), got shape {tuple(parents.shape)}")
     n = parents.numel()
@@ -96,10 +88,7 @@ def validate_parents(parents: torch.Tensor | Sequence[int], require_single_root:
 
 def _max_depth(parents: torch.Tensor) -> int:
     """Longest ancestor chain (edges between a node and its top ancestor); 0 for a star or empty tree."""
-    depth: list[int] = []
-    for p in parents.tolist():
-        depth.append(0 if p < 0 else depth[p] + 1)
-    return max(depth, default=0)
+    return int(tree_depths(parents.cpu()).max()) if parents.numel() else 0
 
 
 # ---------------------------------------------------------------------------------------- shapes
@@ -121,7 +110,8 @@ def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"k_cache has {Hkv} kv heads; q's {H} heads must be a positive multiple of it (GQA)")
     if (Bk, Dk) != (B, D):
-        raise ValueError(f"k_cache must have shape ({B}, Hkv, P, {D}) to match q {tuple(q.shape)}, got {tuple(k_cache.shape)}")
+        raise ValueError(f"k_cache must have shape ({B}, Hkv, P, {D}) to match q {tuple(q.shape)}, "
+                         f"got {tuple(k_cache.shape)}")
     if tuple(v_cache.shape) != (B, Hkv, P, D):
         raise ValueError(f"v_cache must have shape {(B, Hkv, P, D)} like k_cache, got {tuple(v_cache.shape)}")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
@@ -162,7 +152,8 @@ def tree_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 # ---------------------------------------------------------------------------------------- triton
 
-_TRITON: dict[str, Any] = {}  # lazily filled: {"triton": module, "kernel": jitted fn, "interpret": bool} or {"error": str}
+# lazily filled: {"triton": module, "kernel": jitted fn, "interpret": bool} or {"error": str}
+_TRITON: dict[str, Any] = {}
 
 
 def _load_triton() -> dict[str, Any]:
@@ -174,7 +165,7 @@ def _load_triton() -> dict[str, Any]:
     so if something imported triton before TRITON_INTERPRET=1 was set (transformers does), the
     interpreter cannot call them. Row max/sum go through the builtin `tl.reduce` with the combine
     functions `tl.max`/`tl.sum` themselves use (what the interpreter recognises and runs as one numpy
-    call; any other combine function is interpreted element by element, ~15x slower overall).
+    call; any other combine function is interpreted element by element, much slower).
     """
     global triton, tl, _max, _add, _MAX_COMBINE, _SUM_COMBINE, _online_update, _tree_attn_kernel
     if _TRITON:
@@ -276,6 +267,11 @@ def _load_triton() -> dict[str, Any]:
     return _TRITON
 
 
+def kernel_defined() -> bool:
+    """Whether the Triton kernel was defined already (after that, TRITON_INTERPRET no longer takes effect)."""
+    return bool(_TRITON)
+
+
 def _interpreting() -> bool:
     """Whether our kernel runs under Triton's interpreter (CPU tensors), as fixed when it was defined."""
     return bool(_load_triton().get("interpret", False))
@@ -287,7 +283,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """Same contract as `tree_attention_reference`, computed by a Triton kernel with no mask tensor.
 
     Needs CUDA tensors, or CPU tensors under Triton's interpreter (TRITON_INTERPRET=1). fp32 inputs use
-    IEEE fp32 dot products (no TF32), so they match the reference to ~1e-6; fp16/bf16 accumulate in fp32.
+    IEEE fp32 dot products (no TF32), so they match the reference to fp32 rounding; fp16/bf16 accumulate in fp32.
     """
     tri = _load_triton()
     if "error" in tri:
@@ -296,8 +292,8 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     B, H, Hkv, N, P, D = _check_shapes(q, k_cache, v_cache, k_new, v_new, par)
     if not q.is_cuda and not _interpreting():
         raise RuntimeError("tree_attention_triton needs CUDA tensors (or TRITON_INTERPRET=1 set before the "
-                           "first call into dvi_lite.methods.medusa.tree_attention's Triton backend, to run the kernel on CPU "
-                           "through Triton's interpreter)")
+                           "first call into dvi_lite.methods.medusa.tree_attention's Triton backend, to run the "
+                           "kernel on CPU through Triton's interpreter)")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, N, D)
     if N == 0 or B * H == 0 or D == 0:
         return out
@@ -335,7 +331,8 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 # ---------------------------------------------------------------------------------------- dispatch
 
 def available_backends() -> list[str]:
-    """Backends that can run here: "torch" always; "triton" when triton imports and a GPU or the interpreter is there."""
+    """Backends that can run here: "torch" always; "triton" when triton imports and a GPU or the interpreter
+    is there."""
     out = ["torch"]
     if "error" not in _load_triton() and (torch.cuda.is_available() or _interpreting()):
         out.append("triton")
@@ -354,108 +351,3 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         backend = "triton" if (isinstance(q, torch.Tensor) and q.is_cuda and "error" not in _load_triton()) else "torch"
     fn = tree_attention_triton if backend == "triton" else tree_attention_reference
     return fn(q, k_cache, v_cache, k_new, v_new, parents, scale)
-
-
-# ---------------------------------------------------------------------------------------- GPU check
-
-def _random_parents(n: int, gen: torch.Generator) -> torch.Tensor:
-    """A random valid tree: mostly uniform parents, sometimes a chain or a star (the two extremes)."""
-    kind = int(torch.randint(0, 6, (1,), generator=gen))
-    if kind == 0:
-        return torch.arange(n) - 1  # chain
-    if kind == 1:
-        return torch.full((n,), -1)  # star
-    return torch.tensor([int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)], dtype=torch.long)
-
-
-def _timeit(fn, device: torch.device, reps: int = 50) -> float:
-    """Median wall time of fn() in microseconds (synchronising the device around each call)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return sorted(times)[len(times) // 2]
-
-
-def check(n: int = 300, seed: int = 0, device: str | None = None) -> dict[str, Any]:
-    """Triton vs reference on `n` random trees (fp32, fp16 and bf16 when on GPU) plus timings."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    gen = torch.Generator().manual_seed(seed)
-    dtypes = [torch.float32] + ([torch.float16, torch.bfloat16] if dev.type == "cuda" else [])
-    errs: dict[str, float] = {str(dt): 0.0 for dt in dtypes}
-    worst: dict[str, Any] = {}
-    heads = [(2, 1), (4, 2), (2, 2), (32, 8)]
-    for t in range(n):
-        N = int(torch.randint(1, 65, (1,), generator=gen))
-        P = int(torch.randint(0, 300, (1,), generator=gen))
-        D = [16, 32, 64, 128][int(torch.randint(0, 4, (1,), generator=gen))]
-        H, Hkv = heads[int(torch.randint(0, len(heads), (1,), generator=gen))]
-        B = int(torch.randint(1, 3, (1,), generator=gen))
-        par = _random_parents(N, gen)
-        dt = dtypes[t % len(dtypes)]
-        x = [torch.randn(s, generator=gen).to(dev, dt)
-             for s in ((B, H, N, D), (B, Hkv, P, D), (B, Hkv, P, D), (B, Hkv, N, D), (B, Hkv, N, D))]
-        ref = tree_attention_reference(*x, par.to(dev)).float()
-        got = tree_attention_triton(*x, par.to(dev)).float()
-        e = (got - ref).abs().max().item()
-        if e >= errs[str(dt)]:
-            errs[str(dt)] = e
-            worst[str(dt)] = dict(B=B, H=H, Hkv=Hkv, N=N, P=P, D=D, parents=par.tolist())
-    timings = []
-    if dev.type == "cuda":  # Medusa-like shapes: a 64-node tree over a long past, Llama-7B/8B-like heads
-        for P, N, H, Hkv, D in [(512, 64, 32, 32, 128), (2048, 64, 32, 8, 128), (8192, 64, 32, 8, 128)]:
-            par = _random_parents(N, gen).to(dev)
-            x = [torch.randn(s, generator=gen).to(dev, torch.float16)
-                 for s in ((1, H, N, D), (1, Hkv, P, D), (1, Hkv, P, D), (1, Hkv, N, D), (1, Hkv, N, D))]
-            mask = tree_mask(par.cpu(), P).to(dev)
-            k = torch.cat([x[1], x[3]], 2).repeat_interleave(H // Hkv, 1)
-            v = torch.cat([x[2], x[4]], 2).repeat_interleave(H // Hkv, 1)
-            timings.append(dict(
-                P=P, N=N, H=H, Hkv=Hkv, D=D, dtype="float16",
-                triton_us=_timeit(lambda: tree_attention_triton(*x, par), dev),
-                reference_us=_timeit(lambda: tree_attention_reference(*x, par), dev),
-                sdpa_premasked_us=_timeit(lambda: F.scaled_dot_product_attention(x[0], k, v, attn_mask=mask), dev)))
-    return dict(device=str(torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev), trees=n, seed=seed,
-                max_abs_err=errs, worst_case=worst, timings_us=timings,
-                note="reference_us includes validation + host-built mask + GQA repeat; sdpa_premasked_us is sdpa alone")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Check the Triton tree-attention kernel against the sdpa reference.")
-    ap.add_argument("--check", action="store_true", help="run the comparison (the only action)")
-    ap.add_argument("--n", type=int, default=300, help="number of random trees")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu (needs TRITON_INTERPRET=1)")
-    ap.add_argument("--out", default=None, help="write the JSON summary here")
-    args = ap.parse_args(argv)
-    if not args.check:
-        ap.print_help()
-        return 2
-    if args.n < 1:
-        ap.error(f"--n must be >= 1, got {args.n}")
-    on_cpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
-    if on_cpu and not _TRITON and os.environ.get("TRITON_INTERPRET") != "1":
-        # the kernel is defined lazily, so choosing the interpreter here still takes effect
-        os.environ["TRITON_INTERPRET"] = "1"
-        print("no GPU: running the kernel in Triton's interpreter (TRITON_INTERPRET=1): a correctness check, slow")
-    try:
-        summary = check(args.n, args.seed, args.device)
-    except RuntimeError as e:  # no triton, or CPU tensors without the interpreter
-        ap.error(str(e))
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    tol = {"torch.float32": 1e-4, "torch.float16": 1e-2, "torch.bfloat16": 5e-2}
-    return 0 if all(e <= tol[k] for k, e in summary["max_abs_err"].items()) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,7 @@
+"""`python -m dvi_lite <command> ...`: the one command line (the table of commands is dvi_lite.cli.COMMANDS)."""
+import sys
+
+from dvi_lite.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Draft & Verify's adaptive draft-exiting: a threshold on the draft's confidence that follows acceptance.
+
+Drafting stops when the draft's top-1 probability falls below gamma. A fixed gamma is right for one
+prompt and wrong for the next; the paper's feedback rule moves gamma after every verification so
+that the running acceptance rate tracks a target alpha. Model-independent: tests simulate it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dvi_lite.core.checks import check_prob, check_real, is_real
+
+
+class AdaptiveThreshold:
+    """Draft & Verify's adaptive draft-exiting: stop drafting when the draft's top probability < gamma,
+    and move gamma after each verification so the running acceptance rate AR tracks target_alpha.
+
+    Update after verification step e, with AR_e = accepted / drafted_tested:
+        AR      <- beta1 * AR + (1 - beta1) * AR_e
+        gamma~  =  gamma + eps  if AR < target_alpha  else  gamma - eps
+        gamma   <- beta2 * gamma + (1 - beta2) * gamma~          (then clamped to [0, 1])
+    A higher gamma exits earlier, so drafts are shorter and more of them are accepted: AR rises with
+    gamma, which is what makes this negative feedback converge (AR too low -> raise gamma). The rule
+    uses only the sign of AR - alpha, so with noisy per-step rates it settles where AR is below alpha
+    half of the time: AR's median, not its mean, tracks alpha (tests/test_skip_search.py simulates it).
+    The drafter (`DraftVerifyDrafter`) asks `should_stop` at every draft token and calls `update` after
+    every verification.
+
+    Defaults, from the authors' code release (decoding.py, `auto_parameters=[1, 0.5, 0.9, 1e-2, 0.9]`
+    = update every verification, beta1, alpha, eps, beta2; initial threshold `th_stop_draft=0.8` for
+    exact greedy decoding, 0.5 in their sampling variant; running rate starts at 0): beta1 = 0.5,
+    target_alpha = 0.9, eps = 0.01, beta2 = 0.9, gamma0 = 0.8, ar0 = 0. The paper writes the test as
+    AR <= alpha; the code (and this class) uses AR < alpha, a difference only at exact equality.
+    The code also holds gamma (gamma~ = gamma) when AR >= alpha but the draft already ran to its
+    maximum length: the threshold did not end that draft, so lowering it would only drift gamma
+    down without lengthening drafts. Pass reached_max=True to `update` for that rule (it only
+    suppresses decreases, so it biases AR somewhat above alpha).
+    """
+
+    def __init__(self, target_alpha: float = 0.9, beta1: float = 0.5, beta2: float = 0.9, eps: float = 0.01,
+                 gamma0: float = 0.8, ar0: float = 0.0):
+        if not is_real(target_alpha) or not 0.0 < target_alpha < 1.0:  # 1 would be unreachable: gamma only rises
+            raise ValueError(f"target alpha (target acceptance rate) must be in (0, 1), got {target_alpha!r}")
+        for name, v in (("beta1", beta1), ("beta2", beta2)):
+            if not is_real(v) or not 0.0 <= v < 1.0:
+                raise ValueError(f"{name} (EMA decay) must be in [0, 1), got {v!r}")
+        self.eps = check_prob("eps (threshold step)", eps)
+        self.gamma0, self.ar0 = check_real("gamma0", gamma0, 0.0, 1.0), check_real("ar0", ar0, 0.0, 1.0)
+        self.target_alpha, self.beta1, self.beta2 = float(target_alpha), float(beta1), float(beta2)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to gamma0 / ar0 with empty traces (the authors' code restarts per generate call)."""
+        self.gamma = self.gamma0
+        self.ar = self.ar0
+        self.trace_ar: list[float] = []
+        self.trace_gamma: list[float] = []
+
+    def should_stop(self, prob: float) -> bool:
+        """Stop drafting: the draft's top-1 probability (its confidence) is below the threshold gamma."""
+        return float(prob) < self.gamma
+
+    def update(self, accepted: int, drafted_tested: int, reached_max: bool = False) -> float:
+        """Feed one verification (accepted of drafted_tested draft tokens); returns the new gamma.
+
+        drafted_tested == 0 (nothing was drafted, so nothing verified) carries no acceptance
+        information: the state is left unchanged and nothing is traced.
+        """
+        for name, v in (("accepted", accepted), ("drafted_tested", drafted_tested)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if accepted > drafted_tested:
+            raise ValueError(f"accepted ({accepted}) cannot exceed drafted_tested ({drafted_tested})")
+        if drafted_tested == 0:
+            return self.gamma
+        ar_e = accepted / drafted_tested
+        self.ar = self.beta1 * self.ar + (1.0 - self.beta1) * ar_e
+        if self.ar < self.target_alpha:
+            target = self.gamma + self.eps
+        else:
+            target = self.gamma if reached_max else self.gamma - self.eps
+        self.gamma = min(1.0, max(0.0, self.beta2 * self.gamma + (1.0 - self.beta2) * target))
+        self.trace_ar.append(self.ar)
+        self.trace_gamma.append(self.gamma)
+        return self.gamma
+
+    def state_dict(self) -> dict:
+        return {"gamma": self.gamma, "ar": self.ar, "trace_ar": list(self.trace_ar),
+                "trace_gamma": list(self.trace_gamma)}

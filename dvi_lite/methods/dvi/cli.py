@@ -1,0 +1,139 @@
+"""`python -m dvi_lite dvi`: online DVI training on corpus prompts (also the GPU entry point).
+
+    python -m dvi_lite dvi --steps 300                       # the course model, on the CPU
+    python -m dvi_lite dvi --steps 2000 --device cuda --dtype bfloat16 --model <folder> --out <dir>
+
+It writes policy.pt (what method="dvi" loads), card.json (config, before/after evaluation,
+provenance) and log.jsonl (one record per fast step), and checkpoints for --resume.
+`python -m dvi_lite.methods.dvi.cli` runs the same main().
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from dvi_lite.cli import command_line, require_positive, run_or_usage_error
+from dvi_lite.core.runner import Runner
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.drafter import evaluate
+from dvi_lite.methods.dvi.learner import OnlineTrainer
+from dvi_lite.methods.dvi.policy import TRAINER_FILE
+from dvi_lite.models.artifacts import artifacts_dir
+from dvi_lite.paths import ROOT
+
+PROG = "python -m dvi_lite dvi"
+
+
+def train_prompts(tok, path: str | Path | None = None, n_per_domain: int = 400, seed: int = 0,
+                  max_len: int = 192) -> list[list[int]]:
+    """Prompt ids for training: a JSONL file (field 'prompt') or the corpus' train split (never the
+    held-out test prompts), each cut to its last max_len tokens, shuffled with `seed`."""
+    from dvi_lite.course_model.corpus import load_prompts, make_prompts
+
+    recs = load_prompts(path) if path else make_prompts(n_per_domain, seed, split="train")
+    ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"][-max_len:] for r in recs]
+    ids = [x for x in ids if x]
+    random.Random(seed).shuffle(ids)
+    if not ids:
+        raise ValueError("no training prompts")
+    return ids
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="Online DVI training (Draft -> Verify -> Improve) on "
+                                 "corpus prompts.")
+    ap.add_argument("--steps", type=int, default=300, help="fast updates to run (in total, counting a resumed run's)")
+    ap.add_argument("--split", type=int, default=None, help="exit layer k (default: the model's default exit layer)")
+    ap.add_argument("--out", default=None, help="policy.pt, card.json, log.jsonl go here (default: data/dvi for the "
+                    "course model, build/models/<fingerprint>/dvi for another)")
+    ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default build/ckpt/dvi_k<split>)")
+    ap.add_argument("--ckpt-every", type=int, default=25, help="fast steps between checkpoints")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+    ap.add_argument("--prompts", default=None, help="JSONL prompts (field 'prompt'); default: corpus train split")
+    ap.add_argument("--prompts-per-domain", type=int, default=400)
+    ap.add_argument("--max-prompt-tokens", type=int, default=192)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=6, help="draft tokens per step, K")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--slow", action="store_true",
+                    help="enable slow updates of lora_D (lossless w.r.t. the UPDATED verifier)")
+    ap.add_argument("--rl", default=DVIConfig.rl_variant, choices=["surrogate", "reinforce"])
+    ap.add_argument("--tau", type=float, default=None, help="lambda time constant (default: steps / 5)")
+    ap.add_argument("--kl-floor", type=float, default=DVIConfig.kl_floor)
+    ap.add_argument("--lr", type=float, default=DVIConfig.lr)
+    ap.add_argument("--lora-rank", type=int, default=DVIConfig.lora_rank)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-prompts", type=int, default=16,
+                    help="held-out prompts for tau/alpha before and after (0 = skip)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, save policy.pt + card.json + log.jsonl; a bad flag or input ends in a usage error."""
+    ap = parser()
+    args = ap.parse_args(argv)
+    require_positive(ap, args, "steps")
+    run_or_usage_error(ap, train, args, command_line("dvi_lite dvi", argv))
+    return 0
+
+
+def train(args: argparse.Namespace, command: str) -> dict:
+    """The run main() describes: returns the card it writes to <out>/card.json."""
+    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.models.loading import load_model
+    from dvi_lite.study.provenance import provenance
+
+    cfg = DVIConfig(split=args.split, rl_variant=args.rl, kl_floor=args.kl_floor, lr=args.lr,
+                    tau=args.tau if args.tau is not None else max(1.0, args.steps / 5), lora_rank=args.lora_rank,
+                    seed=args.seed)
+    torch.manual_seed(cfg.seed)
+    model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    runner = Runner.for_model(model)
+    cfg = cfg.for_layers(runner.n_layers)
+    prompts = train_prompts(tok, args.prompts, args.prompts_per_domain, cfg.seed, args.max_prompt_tokens)
+    out = Path(args.out) if args.out else artifacts_dir(model) / "dvi"
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ROOT / "build" / "ckpt" / f"dvi_k{cfg.split}"
+    trainer = OnlineTrainer(model, prompts, cfg, slow_updates=args.slow, max_new_tokens=args.max_new_tokens,
+                            k=args.k, temperature=args.temperature, total_steps=args.steps,
+                            eos_token_id=tok.eos_token_id, log_path=out / "log.jsonl", ckpt_dir=ckpt,
+                            ckpt_every=args.ckpt_every)
+    if args.resume and (ckpt / TRAINER_FILE).is_file():
+        trainer.load_checkpoint()
+    elif trainer.log_path.is_file():
+        trainer.log_path.unlink()  # a fresh run starts a fresh log
+    held = [r["prompt"] for r in load_prompts(n=args.eval_prompts)] if args.eval_prompts else []
+    ev = dict(max_new_tokens=args.max_new_tokens, k=args.k, threshold=None)
+    if held and "eval_before" not in trainer.meta:
+        trainer.meta["eval_before"] = evaluate(model, tok, held, trainer.policy, **ev)
+    trainer.train(max(0, args.steps - trainer.fast_step))
+    trainer.save_checkpoint()
+    trainer.save_policy(out)
+    after = evaluate(model, tok, held, trainer.policy, **ev) if held else None
+    log = [json.loads(x) for x in trainer.log_path.read_text().splitlines()] if trainer.log_path.is_file() else []
+    card = {"method": "dvi", "split": cfg.split, "fast_steps": trainer.fast_step, "slow_steps": trainer.slow_step,
+            "slow_updates": trainer.slow_updates, "sequences": trainer.prompt_idx,
+            "tokens_generated": trainer.tokens_generated, "experiences": trainer.buffer.n_seen,
+            "trainable_params": sum(p.numel() for p in trainer.policy.trainable()),
+            "eval_before": trainer.meta.get("eval_before"), "eval_after": after, "eval_prompts": len(held),
+            "wall_time_s": trainer.elapsed, "config": cfg.to_dict(),
+            "run": {"max_new_tokens": args.max_new_tokens, "k": args.k,
+                    "temperature": args.temperature, "dtype": str(next(model.parameters()).dtype),
+                    "model": args.model or "course model", "prompts": args.prompts or "corpus train split"},
+            "provenance": provenance(command, device=runner.device),
+            "log": log[:: max(1, len(log) // 100)]}
+    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    print(json.dumps({k: card[k] for k in ("split", "fast_steps", "eval_before", "eval_after", "wall_time_s")}))
+    return card
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

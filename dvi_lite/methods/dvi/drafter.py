@@ -1,0 +1,100 @@
+"""method="dvi": early exit at layer k with the trained DVI head as the exit head; and its evaluation.
+
+The drafter is Kangaroo's split (layers [0, k) draft, [k, L) verify, the shallow KV cache and hidden
+states are shared) with the DVI policy as the head. With `collect=True` it also records what the
+verifier said about each draft token: the experiences the online learner trains on.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dvi_lite.core.checks import check_split
+from dvi_lite.core.engine import DecodeState, Outcome, acceptance_rate
+from dvi_lite.core.generate import generate
+from dvi_lite.core.runner import Runner
+from dvi_lite.methods.dvi.policy import DVIPolicy, load_policy
+from dvi_lite.methods.early_exit import EarlyExitDrafter
+
+
+class DVIDrafter(EarlyExitDrafter):
+    """Early exit at layer k with the DVI policy as exit head; collects experiences when `collect`.
+
+    k: draft tokens per step (K). feedback(): the verifier tests drafts in order until the first
+    rejection, so a step with n drafts and a accepted yields min(n, a + 1) experiences: draft i (0-based)
+    was produced from the layer-k state of input i ([pending, d1, ...], Proposal.hidden[:, i]), its
+    reward is 1 if i < a else 0, and the verifier's logits at input i (Outcome.p_logits[i]) are exactly
+    the distribution it was judged against. Drafts after the first rejection were never tested: no
+    reward, not stored. The policy has no cache of its own (it is position-wise): nothing to roll back.
+    """
+    name = "dvi"
+
+    def __init__(self, runner: Runner, policy: DVIPolicy, k: int = 6, threshold: float | None = None,
+                 collect: bool = False):
+        super().__init__(runner, policy.split, k, threshold, 1)  # a chain (branch 1): one experience per draft
+        self.policy = policy
+        self.collect = collect
+        self._pending: list[tuple[torch.Tensor, ...]] = []
+
+    def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
+
+    def feedback(self, state: DecodeState, outcome: Outcome) -> None:
+        if not self.collect:
+            return
+        prop, a = outcome.proposal, outcome.n_accepted
+        tested = min(len(prop), a + 1)
+        if tested == 0:
+            return
+        rewards = (torch.arange(tested, device=prop.tokens.device) < a).float()  # (tested,)
+        self._pending.append((prop.hidden[0, :tested], prop.tokens[:tested], rewards, outcome.p_logits[:tested]))
+
+    def drain(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The experiences collected since the last drain: h (n, D), tokens (n,), rewards (n,), logits (n, V)."""
+        if not self._pending:
+            return None
+        out = tuple(torch.cat(parts) for parts in zip(*self._pending, strict=True))
+        self._pending = []
+        return out  # type: ignore[return-value]
+
+
+def make_drafter(model, tokenizer, split: int | None = None, state: str | Path | DVIPolicy | None = None,
+                 k: int = 6, threshold: float | None = 0.6, load_verifier: bool = False) -> DVIDrafter:
+    """DVI: the target's first `split` layers + the trained exit head (lora_S) draft, layers [split, L) verify.
+
+    state: a dir with policy.pt (None = this model's committed policy), or a DVIPolicy (e.g.
+    OnlineTrainer.policy). split=None: the policy's own exit layer; a given split must match it.
+    Greedy output equals plain greedy decoding of the model (lora_D, if loaded, is part of the model).
+    """
+    r = Runner.for_model(model)
+    if split is not None:
+        check_split(split, r.n_layers)
+    if isinstance(state, DVIPolicy):
+        if split is not None and split != state.split:
+            raise ValueError(f"split {split} requested but the given DVI policy exits at layer {state.split}")
+        policy = state
+    else:
+        policy = load_policy(model, state, split, load_verifier)
+    return DVIDrafter(r, policy, k, threshold)
+
+
+def evaluate(model, tokenizer, prompts: Sequence[str | Sequence[int]], state: str | Path | DVIPolicy | None = None,
+             max_new_tokens: int = 64, k: int = 6, threshold: float | None = None,
+             temperature: float = 0.0) -> dict[str, Any]:
+    """tau (tokens per target forward), alpha (per-token acceptance) and tokens/s of method="dvi" on prompts.
+
+    Call it before and after training (state=trainer.policy) to see what the online loop bought.
+    """
+    steps, new, secs = [], 0, 0.0
+    for i, p in enumerate(prompts):
+        out = generate(model, tokenizer, p if isinstance(p, str) else list(p), method="dvi", state=state,
+                       max_new_tokens=max_new_tokens, k=k, threshold=threshold, temperature=temperature, seed=i)
+        steps += out.stats.steps
+        new += out.stats.new_tokens
+        secs += out.stats.total_s
+    return {"tau": sum(s.accepted + 1 for s in steps) / len(steps) if steps else None,
+            "alpha": acceptance_rate([(s.depth, s.accepted) for s in steps]),
+            "tokens_per_s": new / secs if secs > 0 else None, "prompts": len(prompts), "new_tokens": new}

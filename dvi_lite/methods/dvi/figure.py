@@ -1,0 +1,53 @@
+"""The live figure of the DVI widget: the lambda_t schedule above, online-training diagnostics below.
+
+Traces (by name): row 1 "lambda_t" (the schedule for the current tau / KL floor, over fast steps
+t = 0 .. horizon-1), "lambda_used" (the lambda each training update actually used) and "current_step"
+(a vertical marker at the trainer's next fast step); row 2 "accept_rate" (right axis, [0, 1]), "loss",
+"l_kl", "l_rl" (left axis). plotly (the [course] extra) is imported when a figure is built.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dvi_lite.methods.dvi.losses import lambda_curve
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+LAMBDA_TRACE = "lambda_t"
+STREAM_TRACES = ("accept_rate", "loss", "l_kl", "l_rl")  # record keys, also the trace names
+TRACE_NAMES = (LAMBDA_TRACE, "lambda_used", "current_step") + STREAM_TRACES
+
+
+def lambda_figure(horizon: int, tau: float, kl_floor: float) -> go.FigureWidget:
+    """A FigureWidget with every trace of TRACE_NAMES: lambda_t drawn over `horizon` steps, the rest empty."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                         specs=[[{}], [{"secondary_y": True}]],
+                         subplot_titles=("KL weight λ_t = max(KL floor, exp(-t / τ))",
+                                         "online training: acceptance and losses"))
+    try:
+        fig = go.FigureWidget(base)
+    except ImportError as e:  # plotly >= 6 builds FigureWidget on anywidget
+        raise ImportError(f"LambdaWidget needs plotly's FigureWidget, which needs anywidget: pip install "
+                          f"anywidget (it is a dependency in pyproject.toml) ({e})") from e
+    ts = list(range(horizon))
+    fig.add_scatter(x=ts, y=lambda_curve(horizon, tau, kl_floor), name=LAMBDA_TRACE, mode="lines",
+                    line={"color": "#1f77b4", "width": 3}, row=1, col=1)
+    fig.add_scatter(x=[], y=[], name="lambda_used", mode="markers", marker={"color": "#ff7f0e", "size": 6},
+                    row=1, col=1)
+    fig.add_scatter(x=[0, 0], y=[0.0, 1.05], name="current_step", mode="lines",
+                    line={"color": "gray", "dash": "dash"}, row=1, col=1)
+    fig.add_scatter(x=[], y=[], name="accept_rate", mode="lines+markers", line={"color": "#2ca02c"},
+                    row=2, col=1, secondary_y=True)
+    for name, color in (("loss", "#d62728"), ("l_kl", "#9467bd"), ("l_rl", "#8c564b")):
+        fig.add_scatter(x=[], y=[], name=name, mode="lines", line={"color": color}, row=2, col=1)
+    fig.update_yaxes(title_text="λ_t", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="loss", row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="accept rate", range=[0, 1], row=2, col=1, secondary_y=True)
+    fig.update_xaxes(title_text="fast step t", row=2, col=1)
+    fig.update_layout(height=620, margin={"t": 60, "b": 40, "l": 60, "r": 60},
+                      legend={"orientation": "h", "y": -0.12})
+    return fig

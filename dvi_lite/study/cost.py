@@ -1,0 +1,111 @@
+"""The verify-cost model v(n), measured, and the speedup it predicts.
+
+v(n) = time of one target forward over n new tokens / time of a 1-token forward, with the same number
+of cached positions, for the model, dtype and device at hand. It is what decides whether speculation
+can pay: a step that drafts K tokens costs one forward over K + 1 tokens, v(K + 1) in units of an AR
+step, plus the drafting, K * c (c = one draft token's cost in the same unit). With tau tokens per step,
+
+    predicted speedup = tau / (v(K + 1) + K * c)        (a tree: v(nodes + 1))
+
+A memory-bound model (weights streamed once per forward, whatever n) has v(n) close to 1 for small n,
+so verification is nearly free; an overhead- or compute-bound one has v(n) growing with n, and the
+same tau buys much less. The calibration is short (a few dozen forwards), so the bench can run it in
+the process it times and record it beside the results.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from dvi_lite.core.checks import check_int, check_real
+from dvi_lite.core.runner import Runner
+
+NS = (1, 2, 3, 5, 9, 17)  # n new tokens: AR, then K + 1 for the usual draft lengths
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.no_grad()
+def forward_times(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: int = 7,
+                  seed: int = 0) -> dict[int, float]:
+    """{n: median seconds of one forward (every layer + the LM head at all n positions) over n new tokens
+    with `context` positions already cached}.
+
+    One warm-up round, then `repeats` rounds; each round runs every n once, in a rotated order, so a
+    slow spell of the machine (another process, a frequency change) hits every n alike. The cache is
+    cropped back to `context` after each forward: every measurement sees the same cache.
+    """
+    ns = tuple(check_int("n (new tokens per forward)", n, 1) for n in ns)
+    if not ns:
+        raise ValueError("ns: give at least one n")
+    check_int("context (cached positions)", context, 0)
+    check_int("repeats", repeats, 1)
+    runner = Runner.for_model(model)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and context + max(ns) > limit:
+        raise ValueError(f"context ({context}) + n ({max(ns)}) exceeds the model's {limit} positions")
+    vocab = runner.lm_head.weight.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    dev = runner.device
+    cache = runner.new_cache(context + max(ns))
+    if context:
+        runner.forward(torch.randint(0, vocab, (1, context), generator=gen).to(dev), cache)
+    inputs = {n: torch.randint(0, vocab, (1, n), generator=gen).to(dev) for n in ns}  # (1, n) each
+    times: dict[int, list[float]] = {n: [] for n in ns}
+    for r in range(repeats + 1):  # round 0 is the warm-up
+        for n in ns[r % len(ns):] + ns[: r % len(ns)]:
+            t0 = _now(dev)
+            runner.forward(inputs[n], cache)
+            t1 = _now(dev)
+            cache.crop(context)
+            if r:
+                times[n].append(t1 - t0)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def verify_cost(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: int = 7,
+                seed: int = 0) -> dict[int, float]:
+    """v(n) = median forward time over n new tokens / that over 1 token, for each n (1 is always measured,
+    so v(1) == 1 exactly)."""
+    ns = tuple(sorted(set(ns) | {1}))
+    t = forward_times(model, ns, context, repeats, seed)
+    return {n: t[n] / t[1] for n in ns}
+
+
+def v_of(table: Mapping, n: float) -> float:
+    """v at any n >= 1 from a measured table {n: v(n)} (keys may be strings, as read back from JSON):
+    linear between measured points, flat below the smallest, extended along the last segment above the
+    largest (a forward's cost grows about linearly once it is compute bound); from a single point, in
+    proportion to n (the pessimistic compute-bound guess)."""
+    check_real("n (tokens per forward)", n, 1)
+    pts = sorted((int(k), float(v)) for k, v in table.items())
+    if not pts:
+        raise ValueError("the v(n) table is empty")
+    if n <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if n <= pts[0][0] else pts[0][1] * n / pts[0][0]
+    for (n0, v0), (n1, v1) in zip(pts, pts[1:], strict=False):
+        if n <= n1:
+            return v0 + (v1 - v0) * (n - n0) / (n1 - n0)
+    (n0, v0), (n1, v1) = pts[-2], pts[-1]
+    return v1 + (v1 - v0) * (n - n1) / (n1 - n0)
+
+
+def predicted_speedup(tau: float, k: float, c: float, v: Mapping | Callable[[float], float]) -> float:
+    """tau / (v(K + 1) + K * c): tokens per step over the step's cost in AR forwards.
+
+    tau: mean tokens per target forward (accepted + the bonus/correction token); k: draft tokens verified
+    per step (a tree: its nodes); c: one draft token's cost relative to a 1-token target forward;
+    v: the measured table {n: v(n)} or a function of n.
+    """
+    check_real("tau (tokens per step)", tau, 1)
+    check_real("k (draft tokens per step)", k, 0)
+    check_real("c (draft cost per token)", c, 0)
+    cost = v(k + 1) if callable(v) else v_of(v, k + 1)
+    return tau / (cost + k * c)
