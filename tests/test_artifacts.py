@@ -80,3 +80,15 @@ def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
     errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
+
+
+def test_fingerprint_names_the_weights_not_their_dtype():
+    """A greedy check in fp32 and a bf16 benchmark must find the same committed pieces."""
+    from dvi_lite import load_model
+    from dvi_lite.models.artifacts import COURSE_FINGERPRINT, artifacts_dir, fingerprint
+    from dvi_lite.paths import DATA_DIR
+
+    for dtype in ("float32", "bfloat16", "float16"):
+        model, _ = load_model(dtype=dtype)
+        assert fingerprint(model) == COURSE_FINGERPRINT, dtype
+        assert artifacts_dir(model) == DATA_DIR, dtype

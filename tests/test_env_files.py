@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_PIN = "torch==2.13.0"
 EXTRAS = ("course", "dev")  # what `make setup` installs besides the core
-CORE = {"torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "tqdm", "triton"}
+CORE = {"torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "tqdm", "triton", "gguf"}
 COURSE = {"jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly", "kaleido", "papermill", "nbformat",
           "optuna", "scipy"}
 

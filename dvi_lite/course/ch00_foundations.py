@@ -15,6 +15,7 @@ import torch
 
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.loading import COURSE_MODEL
+from dvi_lite.study.table import check_bench, finite, require
 
 
 @torch.no_grad()
@@ -62,3 +63,16 @@ def param_count(model) -> dict:
     total = sum(p.numel() for p in model.parameters())
     return {"total": total, "embedding": emb, "non_embedding": total - emb,
             "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size}
+
+
+def check_invariants(cost: list[dict], ar_equal: int, n_prompts: int, res: dict, exact: bool) -> list[str]:
+    """Notebook 00's claims: forward costs are positive, AR equals HF generate on every prompt (when `exact`:
+    an fp32 model), and both baselines were benched."""
+    for r in cost:
+        finite(r["ms"], f"forward over {r['n_new']} tokens (ms)", 0, strict=True)
+    out = [f"forward cost: {len(cost)} positive timings"]
+    require(0 <= ar_equal <= n_prompts, f"AR == HF count {ar_equal} out of range 0..{n_prompts}")
+    if exact:
+        require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")
+        out.append(f"AR == HF generate on all {n_prompts} prompts (fp32)")
+    return out + [check_bench(res, ["ar", "hf"])]

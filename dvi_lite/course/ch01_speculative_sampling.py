@@ -24,6 +24,9 @@ from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chai
 from dvi_lite.course.ch01_parity import measure_parity
 from dvi_lite.methods.sps import resolve_draft
 from dvi_lite.study.bench import bench, predicted_speedup
+from dvi_lite.study.table import check_bench, finite, require
+
+P_MIN = 1e-3  # a chi-square p-value below this rejects "distributed as p" (the tests' threshold)
 
 # --------------------------------------------------------------------------- toy distributions
 
@@ -286,3 +289,28 @@ def _describe(ex: dict, dtype: str, tok) -> dict:
     (t1, v1), (t2, v2) = ex["decode_top2"]
     return {**ex, "dtype": dtype, "tokens": [tok.decode([t1]), tok.decode([t2])], "decode_gap": v1 - v2,
             "bf16_step": _bf16_step(v1)}
+
+
+def check_invariants(exact_err: float, toy_chi: dict, control_chi: dict, hists: dict, alphas: list[dict],
+                     rows: list[dict], ks: list[int], cmp: dict, parity: dict) -> list[str]:
+    """Notebook 01's claims: the exact law is p, the chi-square test accepts speculative sampling and rejects
+    the unverified draft (the negative control), the sweep and the comparison have every row with meaningful
+    numbers, and the parity counts are consistent, with no fp32 argmax flip."""
+    require(exact_err < 1e-9, f"exact output law differs from p by {exact_err}")
+    require(toy_chi["pvalue"] > P_MIN, f"toy chi-square rejects speculative sampling: {toy_chi}")
+    require(control_chi["pvalue"] < P_MIN, f"negative control (law q) passes the chi-square test: {control_chi}")
+    for name, h in hists.items():
+        require(h["spec_vs_p"]["pvalue"] > P_MIN, f"{name}: chi-square rejects speculative sampling {h['spec_vs_p']}")
+        require(h["target_vs_p"]["pvalue"] > P_MIN, f"{name}: chi-square rejects plain sampling {h['target_vs_p']}")
+    for a in [h["alpha"] for h in hists.values()] + [a["alpha"] for a in alphas]:
+        finite(a, "alpha", 0)
+        require(a <= 1, f"alpha {a} > 1")
+    require([r["k"] for r in rows] == list(ks), f"K sweep rows {[r['k'] for r in rows]} != {ks}")
+    out = [f"exact law = p (max err {exact_err:.1e}); chi-square p-values > {P_MIN} for sps, < {P_MIN} for the "
+           f"control", check_bench({f"sps:k={r['k']}": r for r in rows}, [f"sps:k={k}" for k in ks], "K sweep"),
+           check_bench(cmp, ["ar", "hf", "hf_assisted", "sps"], "vs HF assisted")]
+    for r in parity["rows"]:
+        require(0 <= r["mismatches"] <= r["positions"] and r["positions"] > 0, f"parity counts inconsistent: {r}")
+        if r["dtype"] == "float32":
+            require(r["mismatches"] == 0, f"fp32 verify flipped {r['mismatches']} argmaxes")
+    return out + [f"parity: mismatches <= positions for {len(parity['rows'])} dtypes, 0 in fp32"]

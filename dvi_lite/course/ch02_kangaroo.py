@@ -19,6 +19,7 @@ from dvi_lite.course_model.train import TrainConfig, batch, encode_split
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, load_adapter
 from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
 from dvi_lite.paths import BUILD_DIR
+from dvi_lite.study.table import check_bench, require
 
 SWEEP_DIR = BUILD_DIR / "kangaroo"
 
@@ -103,3 +104,18 @@ def check_lossless(model, tok, prompts: list[dict], max_new_tokens: int, variant
 def fixed_label(n: int) -> str:
     """Bench label of a fixed-length draft (no threshold exit)."""
     return f"kangaroo:threshold=none:k={n}"
+
+
+def check_invariants(lossless: dict, agreement: list[dict], sweep: dict, sweep_methods: list[str], main: dict,
+                     main_methods: list[str]) -> list[str]:
+    """Notebook 02's claims: greedy Kangaroo equals AR on every checked prompt, agreements are rates, and both
+    benchmarks have every method with meaningful numbers."""
+    for label, r in lossless.items():
+        require(r["equal"] == r["of"], f"{label}: greedy tokens differ from AR on {r['of'] - r['equal']} prompts")
+    for r in agreement:
+        for key in ("naive", "adapter"):
+            if key in r:
+                require(0 <= r[key] <= 1, f"agreement at k={r['k']} ({key}) = {r[key]} is not a rate")
+    return [f"lossless: {len(lossless)} variants equal greedy AR on every prompt",
+            f"agreement: {len(agreement)} exit layers, every value in [0, 1]",
+            check_bench(sweep, sweep_methods, "sweep"), check_bench(main, main_methods, "main comparison")]

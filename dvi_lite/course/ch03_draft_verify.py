@@ -11,6 +11,7 @@ from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
 from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter
 from dvi_lite.methods.draft_verify.search import time_per_token
 from dvi_lite.methods.draft_verify.skipset import n_skipped, random_skips, skip_to_dict, uniform_skip
+from dvi_lite.study.table import check_bench, finite, require
 
 
 def skip_matrix(skip: Skip, n_layers: int) -> list[list[int]]:
@@ -88,3 +89,22 @@ def head_to_head(model, tok, skips: dict[str, Skip], prompts: list[dict], max_ne
         for k in labels[r % len(labels):] + labels[: r % len(labels)]:
             vals[k].append(time_per_token(model, tok, skips[k], prompts, max_new_tokens))
     return {k: {"median": statistics.median(v), "rounds": v} for k, v in vals.items()}
+
+
+def check_invariants(search, randoms: list[dict], uniform: dict, h2h: dict, traces: list[dict], res: dict,
+                     methods: list[str]) -> list[str]:
+    """Notebook 03's claims: the search ran and its best is the minimum of its trials, every timing is a positive
+    number, the gamma traces stay in [0, 1], and the benchmark has every method with meaningful numbers."""
+    require(len(search.trials) >= 1, "the skip-set search ran no trial")
+    finite(search.best_value, "best seconds per token", 0, strict=True)
+    require(search.best_value == min(t["value"] for t in search.trials), "the search's best is not its minimum")
+    for r in [*randoms, uniform]:
+        finite(r["value"], f"seconds per token of skip set {r['skip']}", 0, strict=True)
+    for name, v in h2h.items():
+        finite(v["median"], f"head-to-head median of {name}", 0, strict=True)
+    for t in traces:
+        require(all(0 <= g <= 1 for g in t["gamma"]), f"gamma left [0, 1] for target {t['target_alpha']}")
+        if t["tau"] is not None:
+            finite(t["tau"], f"tau of the gamma trace for target {t['target_alpha']}", 1)
+    return [f"search: {len(search.trials)} trials, best = min; {len(randoms)} random + uniform timings > 0",
+            f"gamma traces: {len(traces)} in [0, 1]", check_bench(res, methods)]

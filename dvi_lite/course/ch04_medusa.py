@@ -12,6 +12,7 @@ from dvi_lite.methods.medusa.drafter import medusa_summary
 from dvi_lite.methods.medusa.heads import MedusaHeads
 from dvi_lite.methods.medusa.train import MedusaTrainConfig, head_accuracy, train_loop, val_losses
 from dvi_lite.study.bench import bench
+from dvi_lite.study.table import check_bench, finite, require
 
 
 def norm_lesson(model, tok, steps: int, batch_size: int = 4, seq_len: int = 128, num_heads: int = 4,
@@ -75,3 +76,22 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
             front.append((c, g, lab))
             best = g
     return front
+
+
+def check_invariants(kernel: dict, abl: dict, grid: list[dict], front: list[tuple[float, float, str]], ph: dict,
+                     res: dict, methods: list[str], kernel_tol: float = 1e-4) -> list[str]:
+    """Notebook 04's claims: the Triton kernel matches the reference in fp32, the ablation and the comparison
+    have every method with meaningful numbers, the Pareto front is made of ablation rows, and the per-head
+    acceptances are rates."""
+    fp32 = kernel["max_abs_err"]["torch.float32"]
+    require(fp32 < kernel_tol, f"Triton kernel vs reference: fp32 max error {fp32} >= {kernel_tol}")
+    labels = ["ar", *ablation_labels(grid)]
+    out = [f"kernel: {kernel['trees']} trees, fp32 max error {fp32:.1e} < {kernel_tol}",
+           check_bench(abl, labels, "ablation")]
+    require(bool(front) and all(lab in abl for _, _, lab in front), f"Pareto front {front} not from the ablation")
+    require(all(0 <= a <= 1 for a in ph["head_acceptance"] + ph["head_acceptance_given_previous"]),
+            f"per-head acceptance is not a rate: {ph['head_acceptance']}")
+    if ph["tau"] is not None:
+        finite(ph["tau"], "per-head run tau", 1)
+    return out + [f"Pareto front: {len(front)} ablation rows; per-head acceptance in [0, 1]",
+                  check_bench(res, methods, "methods")]

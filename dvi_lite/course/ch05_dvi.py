@@ -7,6 +7,7 @@ from pathlib import Path
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
+from dvi_lite.study.table import check_bench, finite, require
 
 # the notebook's baseline recipe: forward-KL warm-up decaying to the surrogate policy term, 3e-3 (the
 # learning rate that trained the exit head fastest in an offline check on course-model experiences)
@@ -69,3 +70,20 @@ def scramble_head(trainer: OnlineTrainer, seed: int = 0) -> None:
     w = trainer.policy.exit_norm.weight
     with torch.no_grad():
         w.copy_(torch.randn(w.shape, generator=g).to(w) * w.abs().mean())
+
+
+def check_invariants(before_after_: dict, records: list[dict], steps: int, res: dict, methods: list[str]) -> list[str]:
+    """Notebook 05's claims: the main run took every fast step with finite losses and rates in [0, 1], the
+    before/after evaluation has tau >= 1, and the benchmark has every method with meaningful numbers."""
+    require(len(records) == steps, f"the main run recorded {len(records)} of {steps} fast steps")
+    for r in records:
+        finite(r["loss"], f"loss at fast step {r['step']}")
+        if r.get("accept_rate") is not None:
+            require(0 <= r["accept_rate"] <= 1, f"acceptance {r['accept_rate']} at step {r['step']} is not a rate")
+    for when, ev in before_after_.items():
+        if ev["tau"] is not None:
+            finite(ev["tau"], f"held-out tau {when} training", 1)
+        if ev["alpha"] is not None:
+            require(0 <= ev["alpha"] <= 1, f"held-out alpha {when} training = {ev['alpha']}")
+    return [f"main run: {steps} fast steps, finite losses; held-out tau >= 1 before and after",
+            check_bench(res, methods)]

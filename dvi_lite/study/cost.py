@@ -109,3 +109,44 @@ def predicted_speedup(tau: float, k: float, c: float, v: Mapping | Callable[[flo
     check_real("c (draft cost per token)", c, 0)
     cost = v(k + 1) if callable(v) else v_of(v, k + 1)
     return tau / (cost + k * c)
+
+
+# --------------------------------------------------------------------------- machine facts: the roofline's two sides
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decoding forward reads: every parameter once (tied ones once), except an untied input
+    embedding, of which a forward reads only the rows of its tokens. Divided by the time per AR token it gives the
+    bandwidth AR achieves, to set against `memory_bandwidth`."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (head is None or emb.weight is not head.weight):
+        total -= emb.weight.numel() * emb.weight.element_size()
+    return total
+
+
+@torch.no_grad()
+def memory_bandwidth(mb: int = 512, repeats: int = 5, device: str | torch.device = "cpu") -> dict[str, float]:
+    """The machine's measured memory bandwidth in GB/s (1e9 bytes): a torch copy of `mb` MiB (read + write
+    counted, 2 x mb) and a sum over it (read only); medians of `repeats` after one warm-up.
+
+    The buffer is far larger than any cache, so this is what streaming weights from memory can reach: the
+    roof that a memory-bound decoder (weights read once per forward) runs against.
+    """
+    check_int("mb (buffer size in MiB)", mb, 1)
+    check_int("repeats", repeats, 1)
+    dev = torch.device(device)
+    a = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=dev)
+    b = torch.empty_like(a)
+    times: dict[str, list[float]] = {"copy": [], "read": []}
+    for r in range(repeats + 1):  # round 0 is the warm-up (first touch of b's pages)
+        t0 = _now(dev)
+        b.copy_(a)
+        t1 = _now(dev)
+        a.sum()
+        t2 = _now(dev)
+        if r:
+            times["copy"].append(t1 - t0)
+            times["read"].append(t2 - t1)
+    nbytes = a.numel() * a.element_size()
+    return {"copy_GBps": 2 * nbytes / statistics.median(times["copy"]) / 1e9,
+            "read_GBps": nbytes / statistics.median(times["read"]) / 1e9, "buffer_mib": mb}

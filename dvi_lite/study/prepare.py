@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.core.checks import default_split
 from dvi_lite.models.artifacts import COURSE_FINGERPRINT, artifacts_dir, fingerprint
 
 
 @dataclass
 class PrepareConfig:
-    split: int = 2  # exit layer k of Kangaroo and DVI (the notebooks' default)
+    split: int | None = None  # exit layer k of Kangaroo and DVI; None = the model's default_split
     adapter_steps: int = 300  # Kangaroo adapter distillation steps (the course recipe)
     heads_steps: int = 240  # Medusa heads steps (course recipe: 4 heads, shared LM head)
     search_trials: int = 40  # Draft & Verify Bayesian-optimisation trials
@@ -57,16 +58,17 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
     from dvi_lite.study.provenance import provenance
 
     model, tok = load_model(model_path, dtype="float32")
-    pieces = _pieces(model, cfg.split)
+    split = default_split(model.config.num_hidden_layers) if cfg.split is None else cfg.split
+    pieces = _pieces(model, split)
     if fingerprint(model) == COURSE_FINGERPRINT and not force:
         print("the course model: its pieces are committed in data/, nothing to train")
         return {k: str(v) for k, v in pieces.items()}
     todo = {k: v for k, v in pieces.items() if force or not v.is_file()}
     print(f"pieces for {model_path} in {artifacts_dir(model)}: training {', '.join(todo) or 'nothing'}")
     if "kangaroo adapter" in todo:
-        train_adapter(AdapterConfig(split=cfg.split, steps=cfg.adapter_steps, seed=cfg.seed), model_path,
+        train_adapter(AdapterConfig(split=split, steps=cfg.adapter_steps, seed=cfg.seed), model_path,
                       todo["kangaroo adapter"], command=command,
-                      ckpt_name=f"kangaroo_k{cfg.split}_{fingerprint(model)}")
+                      ckpt_name=f"kangaroo_k{split}_{fingerprint(model)}")
     if "medusa heads" in todo:
         heads_cfg = MedusaTrainConfig(heads=4, steps=cfg.heads_steps, batch_size=4, shared_lm_head=True, seed=cfg.seed)
         train_heads(heads_cfg, model_path, todo["medusa heads"], command=command)
@@ -75,7 +77,7 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
         res = dv.search(model, tok, search_cfg, dv.calibration_prompts(6, cfg.seed), 32)
         dv.save_search(model, res, todo["draft_verify skip set"], provenance=provenance(command))
     if "dvi head" in todo:
-        dvi.main(["--model", str(model_path), "--split", str(cfg.split), "--steps", str(cfg.dvi_steps),
+        dvi.main(["--model", str(model_path), "--split", str(split), "--steps", str(cfg.dvi_steps),
                   "--out", str(todo["dvi head"].parent), "--seed", str(cfg.seed), "--eval-prompts", "0",
                   "--ckpt-dir", str(artifacts_dir(model).parent / f"ckpt_{fingerprint(model)}_dvi")])
     return {k: str(v) for k, v in pieces.items()}

@@ -4,11 +4,17 @@ What the notebook calls: `method_options` (how each method is configured in the 
 (parameters a method adds to the target), `memory` (what it holds besides the target), `run_study`
 (one interleaved bench per sampling setting), `iso_speedup` (the formula's lines for the tau-vs-cost plot)
 and `PAPERS` (headline claims, transcribed from ../shared/REFERENCE.md with their sources).
+
+`check_bench` (with `require` and `finite`) asserts what every notebook's benchmark table claims: a row per
+method it benched, with finite, meaningful numbers. Each notebook's last cell calls its chapter's
+`check_invariants`, built on these, so a run that produced nonsense stops instead of writing results.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+from dvi_lite.core.checks import default_split
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.models.loading import DRAFT_MODEL
 from dvi_lite.study.bench import bench
@@ -45,10 +51,15 @@ WHY = {
 }
 
 
-def method_options(split: int = 2) -> dict[str, dict]:
-    """The study's configuration of each method (committed artifacts; paper defaults where they exist)."""
-    return {"sps": {"k": 4}, "hf_assisted": {"k": 4}, "kangaroo": {"split": split},
-            "draft_verify": {}, "medusa": {}, "dvi": {"split": split}}
+def method_options(split: int | None = None) -> dict[str, dict]:
+    """The study's configuration of each method (committed artifacts; paper defaults where they exist).
+
+    split None leaves Kangaroo and DVI at the model's default exit layer (core.checks.default_split), the
+    layer their committed pieces and `prepare` are trained for.
+    """
+    exit_layer = {} if split is None else {"split": split}
+    return {"sps": {"k": 4}, "hf_assisted": {"k": 4}, "kangaroo": dict(exit_layer),
+            "draft_verify": {}, "medusa": {}, "dvi": dict(exit_layer)}
 
 
 def _count(module) -> int:
@@ -65,7 +76,9 @@ def extra_params(model, method: str, options: dict | None = None) -> int:
     if method == "kangaroo":
         from dvi_lite.methods.kangaroo.drafter import load_adapter
 
-        return _count(load_adapter(model, options.get("split", 2), options.get("adapter")))
+        split = options.get("split")
+        split = default_split(model.config.num_hidden_layers) if split is None else split
+        return _count(load_adapter(model, split, options.get("adapter")))
     if method == "medusa":
         from dvi_lite.methods.medusa.heads import load_heads
 
@@ -113,3 +126,50 @@ def iso_speedup(speedups: list[float], x_max: float = 2.0, n: int = 50) -> dict[
 
 def draft_model_path() -> Path:
     return DRAFT_MODEL
+
+
+def require(ok: bool, what: str) -> None:
+    """An invariant a notebook claims; raised (not `assert`, which -O strips) so a run stops on it."""
+    if not ok:
+        raise AssertionError(what)
+
+
+def finite(x, what: str, low: float | None = None, strict: bool = False) -> None:
+    """x is a finite real (and >= low, or > low if strict)."""
+    require(isinstance(x, (int, float)) and math.isfinite(x), f"{what} is not finite: {x!r}")
+    if low is not None:
+        require(x > low if strict else x >= low, f"{what} = {x} is not {'>' if strict else '>='} {low}")
+
+
+def check_bench(res: dict, methods, what: str = "bench") -> str:
+    """Every benched method has a row with meaningful numbers: tokens/s > 0, speedup > 0, and where defined
+    (something was drafted) tau >= 1 (the bonus token), alpha in [0, 1], draft cost c >= 0."""
+    missing = [m for m in methods if m not in res]
+    require(not missing, f"{what}: no row for {missing}")
+    for m in methods:
+        r = res[m]
+        finite(r["tokens_per_s"], f"{what}[{m}] tokens_per_s", 0, strict=True)
+        if r.get("speedup_vs_ar") is not None:
+            finite(r["speedup_vs_ar"], f"{what}[{m}] speedup_vs_ar", 0, strict=True)
+        if r.get("tau") is not None:
+            finite(r["tau"], f"{what}[{m}] tau", 1)
+        if r.get("alpha") is not None:
+            finite(r["alpha"], f"{what}[{m}] alpha", 0)
+            require(r["alpha"] <= 1, f"{what}[{m}] alpha = {r['alpha']} > 1")
+        if r.get("c") is not None:
+            finite(r["c"], f"{what}[{m}] c", 0)
+    return f"{what}: {len(methods)} methods, every tokens/s > 0, tau >= 1 and alpha in [0, 1] where defined"
+
+
+def check_invariants(runs: dict[str, dict], methods: list[str], settings: list[dict], mem: dict) -> list[str]:
+    """Notebook 06's claims: every setting's table has every method it benched, with meaningful numbers
+    (tokens/s > 0, tau >= 1 where defined), and the memory accounting is non-negative."""
+    out = []
+    for s in settings:
+        require(s["name"] in runs, f"no study run for setting {s['name']}")
+        ms = [m for m in methods if s["temperature"] == 0 or m not in s.get("greedy_only", ())]
+        out.append(check_bench(runs[s["name"]], ms, s["name"]))
+    for m in methods:
+        require(mem[m]["extra_params"] >= 0 and mem[m]["target_bytes"] > 0 and mem[m]["kv_bytes"] > 0,
+                f"memory accounting of {m}: {mem[m]}")
+    return out + [f"memory: {len(methods)} methods accounted"]
