@@ -49,7 +49,7 @@ def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model,
     assert {k: Path(f).stat().st_mtime_ns for k, f in pieces.items()} == mtimes
     # every method now finds its piece by default, and stays lossless on this model
     ar = dvi_lite.generate(model, tok, "def f(x):", method="ar", max_new_tokens=12, stop_at_eos=False).token_ids
-    for method, kw in [("kangaroo", {"split": 2}), ("medusa", {}), ("draft_verify", {}), ("dvi", {"split": 2})]:
+    for method, kw in [("kangaroo", {}), ("medusa", {}), ("draft_verify", {}), ("dvi", {})]:
         out = dvi_lite.generate(model, tok, "def f(x):", method=method, max_new_tokens=12, stop_at_eos=False, **kw)
         assert out.token_ids == ar, method
 
