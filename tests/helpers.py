@@ -256,14 +256,15 @@ class LosslessReport:
 
 
 def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                    max_new_tokens: int = 4, n: int | None = None, min_run: int = 0, drafts: bool = True,
-                    **method_kwargs) -> LosslessReport:
-    """n seeded generate() calls of `method` from PROMPT8 (seed = draw index), tested against the target's law.
+                    max_new_tokens: int = 4, n: int | None = None, min_run: int = 0, min_depth: int = 0,
+                    drafts: bool = True, prompt: list[int] = PROMPT8, **method_kwargs) -> LosslessReport:
+    """n seeded generate() calls of `method` from `prompt` (seed = draw index), tested against the target's law.
 
     The first token comes from the prefill, which no verifier touches; the first *verified* token is the
     second. So each token t_j (j <= min(max_new_tokens, 4)) is tested given the tokens before it
     (conditional_chi2 against exact_conditionals), and t1 and the joint law of (t1, t2, t3) as before.
-    drafts: require steps that accepted and steps that rejected; min_run: a step accepted >= min_run drafts.
+    drafts: require steps that accepted and steps that rejected; min_run: a step accepted >= min_run drafts;
+    min_depth: a proposal min_depth deep was verified.
     """
     from dvi_lite import generate
     from dvi_lite.core.sampling import Sampler
@@ -271,14 +272,14 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
     n = lossless_draws() if n is None else n
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
     depth = min(max_new_tokens, len(TESTS))
-    cond = exact_conditionals(model, sampler, PROMPT8, depth)
+    cond = exact_conditionals(model, sampler, prompt, depth)
     v = model.config.vocab_size
     counts = [torch.zeros(v ** j, v, dtype=torch.float64) for j in range(depth)]
     opts = ", ".join(f"{k}={x if isinstance(x, (int, float, str, list, type(None))) else type(x).__name__}"
                      for k, x in method_kwargs.items())
     rep = LosslessReport(f"{method}({opts}) T={temperature} top_k={top_k} top_p={top_p} new={max_new_tokens}", n)
     for i in range(n):
-        out = generate(model, tok, PROMPT8, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+        out = generate(model, tok, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_k=top_k, top_p=top_p, stop_at_eos=False, seed=i, **method_kwargs)
         if len(out.token_ids) != max_new_tokens:
             rep.problems.append(f"seed {i}: {len(out.token_ids)} tokens, not {max_new_tokens}")
@@ -305,6 +306,8 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
         rep.problems.append("drafts were not both accepted and rejected")
     if rep.max_accepted < min_run:
         rep.problems.append(f"no step accepted {min_run} drafts in a row (longest {rep.max_accepted})")
+    if rep.max_depth < min_depth:
+        rep.problems.append(f"no proposal {min_depth} deep was verified (deepest {rep.max_depth})")
     return rep
 
 

@@ -1,4 +1,5 @@
 """The bench CLI: clean errors for bad input, stable JSON shape (on a tiny saved model)."""
+import copy
 import json
 
 import pytest
@@ -34,10 +35,11 @@ def test_bench_bad_prompts_file(tmp_path, capsys):
     assert code == 2 and "'prompt'" in err
 
 
-def test_predicted_speedup():
-    assert bench.predicted_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
-    assert bench.predicted_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
-    assert bench.predicted_speedup(0.5, 2, 0.5) == pytest.approx((1 - 0.5 ** 3) / 0.5 / 2.0)
+def test_leviathan_speedup():
+    assert bench.leviathan_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert bench.leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert bench.leviathan_speedup(0.5, 2, 0.5) == pytest.approx((1 - 0.5 ** 3) / 0.5 / 2.0)
+    assert bench.predicted_speedup is bench.leviathan_speedup  # the old name course/ch01 imports
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,7 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
                        "--json", str(out)]) == 0
     body = json.loads(out.read_text())
     assert {"commit", "device", "torch", "transformers", "command", "date"} <= set(body["provenance"])
+    assert {"settings", "verify_cost", "machine", "methods"} <= set(body)
     assert body["provenance"]["command"].startswith("python -m dvi_lite bench --model ")
     for m in ("ar", "hf", "sps"):
         r = body["methods"][m]
@@ -73,6 +76,13 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
     # peak memory is an allocator measurement on CUDA only; on CPU it is absent, never a made-up number
     expected_peak = torch.cuda.is_available()
     assert all((r["peak_mem_bytes"] is not None) == expected_peak for r in body["methods"].values())
+    # --json measures the machine by default: bandwidth, and the GB/s of weights that AR streams
+    mach = body["machine"]
+    assert mach["copy_GBps"] > 0 and mach["read_GBps"] > 0 and mach["weight_bytes"] > 0
+    for m in ("ar", "hf"):
+        r = body["methods"][m]
+        assert r["weights_GBps_at_ar"] == pytest.approx(mach["weight_bytes"] * r["tokens_per_s"] / 1e9)
+    assert mach["weights_GBps_at_ar"] == body["methods"]["ar"]["weights_GBps_at_ar"]
 
 
 def test_parse_spec_reads_variant_options():
@@ -96,3 +106,111 @@ def test_step_log_is_the_per_step_record_behind_tau(tiny_model):
     assert log and all(isinstance(d, int) and 0 <= a <= d <= 3 for d, a in log)
     assert all(a == d for d, a in log)
     assert all(d == 0 for d, _ in bench.step_log(model, tok, prompts, "ar", max_new_tokens=8))
+
+
+# --------------------------------------------------------------------------- Spec-Bench prompts, v(n), bad input
+
+SPEC_LINES = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a short poem about the sea.", "Now make it rhyme."]},
+    {"question_id": 90, "category": "translation", "turns": ["Translate to French: good morning, my friend."]},
+    {"question_id": 91, "category": "qa", "turns": ["What is the capital of France?"]},
+    {"question_id": 92, "category": "math_reasoning", "turns": ["What is 12 times 7? Think step by step."]},
+]
+
+
+def spec_file(tmp_path, lines=SPEC_LINES):
+    f = tmp_path / "spec.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return f
+
+
+def test_bench_spec_bench_turns_2_on_the_course_model(tmp_path):
+    """The course model has no chat template: Spec-Bench turns are raw string prompts; the JSON has per-group
+    results, the v(n) table (v(1) == 1), and predictions computed from that table."""
+    from dvi_lite.study.cost import v_of
+
+    out = tmp_path / "r.json"
+    assert bench.main(["--model", "course", "--dtype", "float32", "--prompts", str(spec_file(tmp_path)),
+                       "--n-prompts", "4", "--turns", "2", "--max-new-tokens", "6", "--repeats", "1",
+                       "--methods", "ar,pld,sps", "--no-machine", "--json", str(out)]) == 0
+    body = json.loads(out.read_text())
+    prov, settings = body["provenance"], body["settings"]
+    assert prov["model"] == "course" and prov["dtype"] == "float32" and len(prov["fingerprint"]) == 16
+    assert settings["turns"] == 2 and settings["second_turn_prompts"] == 1 and settings["n_prompts_used"] == 4
+    assert settings["chat_template"] is False
+    groups = {"multi-turn", "translation", "qa", "math_reasoning"}
+    for m in ("ar", "pld", "sps"):
+        r = body["methods"][m]
+        assert set(r["domains"]) == groups and set(r["groups"]) == groups
+        assert all({"tokens_per_s", "speedup_vs_ar", "tau", "n_prompts", "new_tokens"} <= set(g)
+                   for g in r["groups"].values())
+        assert sum(g["n_prompts"] for g in r["groups"].values()) == 4
+    v = body["verify_cost"]
+    assert v["1"] == 1.0 and len(v) > 1 and all(x > 0 for x in v.values())
+    assert body["machine"]["copy_GBps"] is None  # --no-machine
+    r = body["methods"]["sps"]
+    expected = r["tau"] / (v_of(v, r["drafted_per_step"] + 1) + r["draft_depth_per_step"] * r["c"])
+    assert r["predicted_speedup"] == pytest.approx(expected)
+    assert r["verify_cost_per_step"] == pytest.approx(v_of(v, r["drafted_per_step"] + 1))
+    assert r["measured_over_predicted"] == pytest.approx(r["speedup_vs_ar"] / expected)
+    assert "predicted_speedup" not in body["methods"]["ar"]  # AR drafts nothing: no formula
+
+
+@pytest.fixture(scope="module")
+def course():
+    from dvi_lite.models.loading import load_model
+
+    return load_model("course", dtype="float32", device="cpu")
+
+
+def test_prepare_raw_and_chat(course):
+    """Without a chat template a turn is a raw string (turn 2: first turn, own answer, second turn); with one,
+    chat messages (turn 2: user, assistant = the model's first answer, user). Our records stay as they are."""
+    from dvi_lite.study.specbench import parse_line
+
+    model, tok = course
+    recs = [parse_line(x, i) for i, x in enumerate(SPEC_LINES[:2], 1)] + [{"prompt": "def f(x):", "domain": "code"}]
+    one = bench.prepare(model, tok, recs, 1, 4)
+    assert [p["prompt"] for p in one] == [SPEC_LINES[0]["turns"][0], SPEC_LINES[1]["turns"][0], "def f(x):"]
+    two = bench.prepare(model, tok, recs, 2, 4)
+    assert two[0]["turn"] == 2 and two[1]["turn"] == 1 and two[2] == recs[2]
+    first, second = SPEC_LINES[0]["turns"]
+    assert two[0]["prompt"].startswith(first + "\n") and two[0]["prompt"].endswith("\n" + second)
+    chat_tok = copy.deepcopy(tok)
+    chat_tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                              "{% if add_generation_prompt %}<assistant>{% endif %}")
+    chat = bench.prepare(model, chat_tok, recs, 2, 4)
+    assert [m["role"] for m in chat[0]["prompt"]] == ["user", "assistant", "user"]
+    assert chat[0]["prompt"][2]["content"] == second and chat[1]["prompt"] == recs[1]["prompt"]
+
+
+def test_bench_spread_keeps_domain_records():
+    recs = [{"prompt": f"p{i}", "domain": d} for i, d in enumerate(["code", "code", "prose", "prose"])]
+    assert [p["prompt"] for p in bench.spread(recs, 3)] == ["p0", "p2", "p1"]
+    assert bench.spread(recs, 0) == []
+
+
+def test_bench_error_unknown_model_lists_names(capsys):
+    code, err = run(["--model", "nope", "--n-prompts", "1"], capsys)
+    assert code == 2 and "unknown model 'nope'" in err and "course, smollm2" in err and "Traceback" not in err
+
+
+def test_bench_error_dtype_the_device_cannot_run(monkeypatch, capsys):
+    from dvi_lite.models import loading
+
+    monkeypatch.setattr(loading, "dtype_works", lambda dt, device: dt == torch.float32)
+    code, err = run(["--dtype", "bfloat16", "--n-prompts", "1"], capsys)
+    assert code == 2 and "dtype bfloat16 is not supported on device 'cpu'" in err and "Traceback" not in err
+
+
+def test_bench_error_malformed_spec_bench_line(tmp_path, capsys):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps(SPEC_LINES[0]) + "\n\n" + json.dumps({"category": "qa", "turns": []}) + "\n")
+    code, err = run(["--prompts", str(f)], capsys)
+    assert code == 2 and "line 3" in err and "'turns'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("turns", ["0", "3"])
+def test_bench_error_turns(turns, capsys):
+    code, err = run(["--turns", turns], capsys)
+    assert code == 2 and "--turns" in err and "invalid choice" in err

@@ -4,8 +4,17 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from dvi_lite.study.cost import forward_times, predicted_speedup, v_of, verify_cost
+from dvi_lite.study.cost import (
+    calibrate,
+    forward_times,
+    memory_bandwidth,
+    predicted_speedup,
+    v_of,
+    verify_cost,
+    weight_bytes,
+)
 
 
 def test_calibration_on_a_tiny_model(target):
@@ -59,3 +68,46 @@ def test_predicted_speedup_formula():
         predicted_speedup(0.5, 4, 0.1, v)
     with pytest.raises(ValueError, match="c \\(draft cost"):
         predicted_speedup(2.0, 4, -1, v)
+
+
+def test_predicted_speedup_for_a_tree():
+    """A tree verifies all its nodes in one forward (v(nodes + 1)) but drafts only its depth (K c)."""
+    v = {1: 1.0, 5: 1.2, 9: 1.6}
+    assert predicted_speedup(3.0, 4, 0.1, v, nodes=8) == pytest.approx(3.0 / (1.6 + 0.4))
+    assert predicted_speedup(3.0, 4, 0.1, v, nodes=4) == predicted_speedup(3.0, 4, 0.1, v)
+    with pytest.raises(ValueError, match="nodes"):
+        predicted_speedup(3.0, 4, 0.1, v, nodes=-1)
+
+
+def test_calibrate_at_the_prompts_length(target):
+    """The bench's calibration: v(1) == 1, at the prompts' mean length + half the new tokens, within positions."""
+    from conftest import IdTokenizer
+
+    v, ctx = calibrate(target, IdTokenizer(), [{"prompt": [1] * 10}, {"prompt": [2] * 20}], 8, repeats=1)
+    assert ctx == 15 + 4 and v[1] == 1.0 and len(v) > 1
+    _, ctx = calibrate(target, IdTokenizer(), [{"prompt": [1] * 120}], 64, repeats=1)
+    assert ctx == 128 - 17  # clamped: the largest n still fits the model's 128 positions
+
+
+def test_weight_bytes(target):
+    """Every parameter once; tied embeddings are the LM head (read every forward), an untied input embedding
+    is only looked up (a few rows), so it does not count."""
+    from conftest import tiny_cfg
+    from transformers import LlamaForCausalLM
+
+    assert weight_bytes(target) == sum(p.numel() * p.element_size() for p in target.parameters())
+    cfg = tiny_cfg()
+    cfg.tie_word_embeddings = False
+    untied = LlamaForCausalLM(cfg)
+    assert untied.get_input_embeddings().weight is not untied.get_output_embeddings().weight
+    emb = untied.get_input_embeddings().weight
+    fp32 = weight_bytes(untied)
+    assert fp32 == sum(p.numel() * 4 for p in untied.parameters()) - emb.numel() * 4
+    assert weight_bytes(untied.to(torch.bfloat16)) == fp32 // 2  # (.to is in place)
+
+
+def test_memory_bandwidth():
+    bw = memory_bandwidth(mb=8, repeats=2)
+    assert bw["copy_GBps"] > 0 and bw["read_GBps"] > 0 and bw["buffer_mib"] == 8
+    with pytest.raises(ValueError, match="mb"):
+        memory_bandwidth(mb=0)

@@ -124,3 +124,60 @@ def test_greedy_threshold_shortens_drafts(model):
     strict = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=0.999, **kw)
     mean = lambda r: sum(s.drafted for s in r.stats.steps) / len(r.stats.steps)  # noqa: E731
     assert mean(strict) < mean(loose)
+
+
+class ScriptedRunner(Runner):
+    """The model's runner whose draft logits follow a script of (top-1 token, confidence) per call."""
+
+    def __init__(self, model, script):
+        super().__init__(model)
+        self.script, self.calls = script, 0
+
+    def logits(self, h):
+        import math
+
+        tok, conf = self.script[self.calls]
+        self.calls += 1
+        v = self.lm_head.weight.shape[0]
+        out = torch.zeros(1, h.shape[1], v)
+        out[..., tok] = math.log(conf * (v - 1) / (1 - conf))  # softmax(out)[tok] == conf
+        return out
+
+
+@pytest.mark.parametrize("threshold,want", [(0.6, 3), (0.2, 5)])
+def test_low_confidence_token_is_still_proposed(model, threshold, want):
+    """Fix a: like the authors' decoding (drafted_n_tokens = step_draft + 1), the token whose confidence is
+    below gamma is proposed and drafting stops after it."""
+    script = [(5, 0.99), (9, 0.95), (13, 0.3), (17, 0.99), (21, 0.99)]
+    runner = Runner.for_model(model)
+    drafter = DraftVerifyDrafter(ScriptedRunner(model, script), SKIPS[0], k=5, threshold=threshold)
+    state = start(runner, drafter, DEEP_PROMPTS[0], 20, Sampler(), make_generator(0))
+    prop = drafter.propose(state)
+    assert prop.tokens.tolist() == [t for t, _ in script[:want]] and drafter.runner.calls == want
+
+
+def test_adaptive_gamma_trace_follows_the_authors_update(model):
+    """Fix b: after each verification, with the authors' defaults (beta1 0.5, alpha 0.9, eps 0.01, beta2 0.9,
+    gamma0 0.8, matchness 0) and their matchness (max_matched - 1) / drafted_n_tokens = accepted / drafted:
+        m <- 0.5 m + 0.5 a / n;  g~ = g + 0.01 if m < 0.9, else g (n == k) or g - 0.01;  g <- 0.9 g + 0.1 g~
+    Step by step, by hand (k = 8):
+      (n=4, a=1): m = 0.125          < 0.9 -> g = 0.801
+      (n=8, a=8): m = 0.5625         < 0.9 -> g = 0.802
+      (n=2, a=2): m = 0.78125        < 0.9 -> g = 0.803
+      (n=8, a=8): m = 0.890625       < 0.9 -> g = 0.804
+      (n=3, a=3): m = 0.9453125     >= 0.9, n < k  -> g = 0.803
+      (n=8, a=8): m = 0.97265625    >= 0.9, n == k -> g = 0.803 (held)
+      (n=7, a=5): m = 0.84347098... < 0.9 -> g = 0.804   (accepted / tested = 5/6 would give m = 0.903: down)
+    """
+    from types import SimpleNamespace
+
+    from dvi_lite.core.engine import Proposal
+    from dvi_lite.methods.draft_verify.drafter import make_drafter
+
+    d = make_drafter(model, IdTokenizer(), skip=SKIPS[0])  # the registered defaults: adaptive, gamma0 = 0.8
+    assert d.adaptive is not None and d.gamma == 0.8 and d.k == 8
+    for n, a in [(4, 1), (8, 8), (2, 2), (8, 8), (3, 3), (8, 8), (7, 5)]:
+        d.feedback(None, SimpleNamespace(proposal=Proposal(torch.zeros(n, dtype=torch.long)), n_accepted=a))
+    m = [0.125, 0.5625, 0.78125, 0.890625, 0.9453125, 0.97265625, 0.97265625 / 2 + 5 / 14]
+    assert d.adaptive.trace_ar == pytest.approx(m)
+    assert d.adaptive.trace_gamma == pytest.approx([0.801, 0.802, 0.803, 0.804, 0.803, 0.803, 0.804])

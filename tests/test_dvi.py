@@ -391,3 +391,37 @@ def test_cli_help_and_module_entry_point(capsys):
     r = subprocess.run([sys.executable, "-m", "dvi_lite.methods.dvi.cli", "--help"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and "--k" in r.stdout and not r.stderr.strip()
+
+
+def test_added_parameters_count_the_modules_each_method_really_adds(deep_model):
+    """Fix f: each method's added parameters, from the modules it holds (trainable or frozen), by hand."""
+    from conftest import make_target
+
+    from dvi_lite.core.runner import Skip
+    from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+    from dvi_lite.methods.medusa.heads import MedusaHeads
+    from dvi_lite.methods.params import added_parameters
+
+    m, tok = deep_model, IdTokenizer()
+    c = m.config
+    d, i, v, hd = c.hidden_size, c.intermediate_size, c.vocab_size, c.hidden_size // c.num_attention_heads
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    adapter = d * q + 2 * d * kv + q * d + 2 * d  # q, k, v, o projections + in / out RMSNorm
+    assert added_parameters(m, "kangaroo", tok, adapter=KangarooAdapter(m, 2)) == adapter
+    heads = MedusaHeads(m, num_heads=2)
+    medusa = 2 * (d * d + d) + 2 * v * d + d  # ResBlocks (W, b), own LM-head copies, the norm copy
+    assert sum(p.numel() for mod in (heads.blocks, heads.lm_heads, heads.norm) for p in mod.parameters()) == medusa
+    assert added_parameters(m, "medusa", tok, heads=heads) == medusa
+    r = 8
+    with torch.random.fork_rng():
+        policy = DVIPolicy(m, 2, lora_rank=r)
+    dvi = 3 * d * i + 3 * r * (d + i) + 2 * d + 1  # exit MLP copy (frozen) + lora_S + block / exit norms + alpha
+    assert added_parameters(m, "dvi", tok, state=policy) == dvi
+    assert 3 * d * i > sum(p.numel() for p in policy.trainable())  # what the old count saw was the small part
+    assert added_parameters(m, "draft_verify", tok, skip=Skip(mlp=frozenset({1}))) == 0
+    assert added_parameters(m, "early_exit", tok) == 0
+    assert added_parameters(m, "early_exit", tok, vocab=list(range(10))) == 10 * d  # a trimmed head's rows
+    assert added_parameters(m, "dvi", tok, state=policy, vocab=list(range(10))) == dvi + 10 * d
+    draft = make_target(vocab=v, layers=1)
+    assert added_parameters(m, "sps", tok, draft_model=draft) == sum(p.numel() for p in draft.parameters())
+    assert added_parameters(m, "ar", tok) == added_parameters(m, "hf", tok) == 0

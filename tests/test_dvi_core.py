@@ -181,11 +181,36 @@ def test_fast_loss_later_step_reinforce():
 
 
 def test_fast_loss_surrogate_and_floor():
-    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2)  # default variant: surrogate
+    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
     loss, parts = fast_loss(_batch(), cfg, step=1000)  # e^-100: lambda sits on the floor
     assert parts["lambda"] == 0.05
     assert parts["l_rl"] == pytest.approx(L_CE, rel=1e-5)  # surrogate = -log q(top1 of p)
     assert loss.item() == pytest.approx(0.95 * L_CE + 0.05 * L_KL + 0.2 * L_CE, rel=1e-5)
+
+
+def _grad(cfg: DVIConfig, rewards: list[float], step: int = 5) -> torch.Tensor:
+    batch = {**_batch(), "rewards": torch.tensor(rewards)}
+    batch["student_logits"].requires_grad_(True)
+    fast_loss(batch, cfg, step=step, baseline=0.5)[0].backward()
+    return batch["student_logits"].grad
+
+
+def test_default_objective_reads_the_rewards_surrogate_does_not():
+    """The default (the paper's objective): KL warm-up, then a reward-driven policy-gradient term. After the
+    warm-up (lambda < 1) flipping the accept bits changes the gradient; the surrogate never reads them."""
+    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2)  # the default variant
+    assert cfg.rl_variant == "reinforce"
+    g, flipped = _grad(cfg, [1.0, 0.0]), _grad(cfg, [0.0, 1.0])
+    assert not torch.allclose(g, flipped)
+    # by hand: only the RL term differs, -(1 - lambda) (r - b) d log q(token) / d logits, mean over 2 rows
+    lam = math.exp(-0.5)
+    onehot = torch.nn.functional.one_hot(torch.tensor([2, 1]), 3).float()
+    dlogq = onehot - torch.tensor(Q)  # d log softmax(s)[token] / d s
+    adv = torch.tensor([1.0, -1.0])[:, None]  # (r - b) - (r' - b) for r = [1, 0], r' = [0, 1]
+    torch.testing.assert_close(g - flipped, -(1 - lam) * adv * dlogq / 2, atol=1e-6, rtol=1e-5)
+    assert torch.equal(_grad(cfg, [1.0, 0.0], step=0), _grad(cfg, [0.0, 1.0], step=0))  # warm-up: lambda = 1
+    sur = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
+    assert torch.equal(_grad(sur, [1.0, 0.0]), _grad(sur, [0.0, 1.0]))
 
 
 def test_fast_loss_shape_mismatch():
@@ -353,7 +378,7 @@ def test_rng_state_round_trip():
 def test_config_defaults_valid():
     cfg = DVIConfig()
     assert cfg.validate(n_layers=4) is cfg
-    assert cfg.rl_variant == "surrogate" and cfg.teacher_temperature == 1.0 and cfg.kl_floor == 0.05
+    assert cfg.rl_variant == "reinforce" and cfg.teacher_temperature == 1.0 and cfg.kl_floor == 0.05
     assert DVIConfig(**cfg.to_dict()) == cfg
 
 

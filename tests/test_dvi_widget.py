@@ -19,7 +19,8 @@ from dvi_lite.methods.dvi.figure import LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES
 from dvi_lite.methods.dvi.losses import lambda_curve, lambda_schedule
 from dvi_lite.methods.dvi.widget import CSS_CLASSES, LambdaWidget
 
-BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, kl_floor=0.05, seed=0)
+BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, kl_floor=0.05, seed=0,
+            rl_variant="surrogate")
 
 
 def make(model, horizon=40, cfg=None, **kw):

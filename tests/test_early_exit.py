@@ -78,3 +78,58 @@ def test_greedy_exit_rule_and_tree_read_the_draft_confidence(model):
     assert max(s.drafted for s in strict.stats.steps) < 6  # drafting stopped early at least once... always
     tree = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], branch=3, **kw)
     assert any(s.drafted > s.depth for s in tree.stats.steps)  # leaves were proposed
+
+
+class ScriptedExit:
+    """Exit logits with a scripted top-1 (token, confidence) per draft step: softmax gives `conf` to `token`."""
+
+    def __init__(self, script: list[tuple[int, float]], vocab: int = 64):
+        self.script, self.vocab, self.calls = script, vocab, 0
+
+    def __call__(self, h):
+        import math
+
+        import torch
+
+        tok, conf = self.script[self.calls]
+        self.calls += 1
+        logits = torch.zeros(1, h.shape[1], self.vocab)
+        logits[..., tok] = math.log(conf * (self.vocab - 1) / (1 - conf))  # softmax(logits)[tok] == conf
+        return logits
+
+
+@pytest.mark.parametrize("threshold,want", [(0.6, 3), (0.2, 5), (None, 5)])
+def test_low_confidence_token_is_still_proposed(model, threshold, want):
+    """Fix a: drafting stops *after* the first token whose confidence is below eta (Kangaroo, D&V, DVI's
+    spec_decode): that token is proposed, the next is never drafted; verification takes the proposal."""
+    import torch
+
+    from dvi_lite.core.engine import start, verify_step
+    from dvi_lite.core.runner import Runner
+    from dvi_lite.core.sampling import Sampler, make_generator
+    from dvi_lite.methods.early_exit import EarlyExitDrafter
+
+    script = [(5, 0.99), (9, 0.95), (13, 0.3), (17, 0.99), (21, 0.99)]
+    r = Runner.for_model(model)
+    d = EarlyExitDrafter(r, 2, k=5, threshold=threshold)
+    d.exit_logits = ScriptedExit(script)
+    state = start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0))
+    prop = d.propose(state)
+    assert prop.tokens.tolist() == [t for t, _ in script[:want]]  # token 13 (conf 0.3 < 0.6) is proposed
+    assert d.exit_logits.calls == want  # and nothing after it was drafted
+    assert prop.hidden.shape[1] == want  # shallow states of [pending, d1, ..., d_{n-1}]
+    out = verify_step(state, prop)
+    assert out.p_logits.shape[0] == want + 1 and torch.isfinite(out.p_logits).all()
+
+
+def test_low_confidence_first_token_is_proposed_alone(model):
+    from dvi_lite.core.engine import start
+    from dvi_lite.core.runner import Runner
+    from dvi_lite.core.sampling import Sampler, make_generator
+    from dvi_lite.methods.early_exit import EarlyExitDrafter
+
+    r = Runner.for_model(model)
+    d = EarlyExitDrafter(r, 2, k=4, threshold=0.6)
+    d.exit_logits = ScriptedExit([(7, 0.1), (8, 0.99)])
+    prop = d.propose(start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0)))
+    assert prop.tokens.tolist() == [7] and d.exit_logits.calls == 1

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
+from conftest import ALPHA, DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
+from helpers import lossless_report
 from transformers import LlamaForCausalLM
 
 import dvi_lite
@@ -146,11 +147,20 @@ def test_self_distilled_heads_get_accepted(perm_model):
     assert taus["trained"] > 3.0 and taus["untrained"] < 1.3, taus
 
 
+@pytest.mark.parametrize("acceptance", ["exact", "typical"])
 @pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, k=2)])
-def test_sampling_is_lossless_end_to_end(target8, tok8, kw):
-    """Deterministic top-k candidates verified as point masses (q = None): the output law is p's."""
+def test_sampling_is_lossless_end_to_end(target8, tok8, kw, acceptance):
+    """Deterministic top-k candidates verified as point masses (q = None): the output law is p's.
+
+    The same chi-square test, same draws and seeds, FAILS with acceptance="typical" (Medusa's lossy rule,
+    typical.py): the verified tokens no longer follow p."""
     heads = MedusaHeads(target8, 2).eval()  # identity start: each head drafts the model's next-token top-k
-    assert_lossless_sampling(target8, tok8, "medusa", heads=heads, **kw)
+    if acceptance == "exact":
+        assert_lossless_sampling(target8, tok8, "medusa", heads=heads, **kw)  # the default
+        return
+    rep = lossless_report(target8, tok8, "medusa", heads=heads, acceptance=acceptance, **kw)
+    assert rep.law_failed and rep.pvalues["t2|t1"] <= ALPHA, str(rep)  # t2: the first verified token
+    assert rep.pvalues["t1"] > ALPHA, str(rep)  # t1 comes from the prefill, which no verifier touches
 
 
 # ------------------------------------------------------------------------------------------ heads

@@ -127,3 +127,42 @@ def test_runner_rejects_non_sdpa_attention(eager_target):
     """Our masks use sdpa's conventions (None = causal, bool = attend); other backends get a clear error."""
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         Runner(eager_target)
+
+
+def test_for_model_keys_on_the_attention_backend(target):
+    r = Runner.for_model(target)
+    assert r is Runner.for_model(target, "sdpa") and r.attention == "sdpa" and r.tree_kernel is None
+    with pytest.raises(ValueError, match=r"attention must be one of \['sdpa', 'triton'\], got 'flash'"):
+        Runner.for_model(target, "flash")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        Runner(target, attention=None)
+
+
+@torch.no_grad()
+def test_tree_attention_hook_runs_the_models_own_attention_module(target):
+    """The path `attention="triton"` takes, with the sdpa reference standing in for the kernel (so it runs
+    without triton): the tree goes through HF's attention module to `hf_tree_attention`, which splits the
+    layer's K/V into past and new nodes; the logits equal the dense-mask path's, and the config is restored."""
+    from dvi_lite.core import runner as runner_mod
+    from dvi_lite.methods.medusa.tree_attention import tree_attention_reference
+
+    prepared = []
+
+    def prepare(parents):
+        prepared.append(parents.tolist())
+        return lambda q, kc, vc, kn, vn, scale=None: tree_attention_reference(q, kc, vc, kn, vn, parents, scale)
+    hooked, ref = Runner(target), Runner(target)
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(runner_mod.HF_TREE_ATTENTION, runner_mod.hf_tree_attention)
+    hooked.tree_kernel, hooked._attn_configs = prepare, [target.config]
+    caches = [hooked.new_cache(32), ref.new_cache(32)]
+    for r, c in zip((hooked, ref), caches, strict=True):
+        r.forward(torch.tensor([SEQ[:5]]), c)  # a chain: no hook
+    assert prepared == []
+    got, _ = hooked.forward(torch.tensor([TOKENS]), caches[0], parents=torch.tensor(PARENTS))
+    want, _ = ref.forward(torch.tensor([TOKENS]), caches[1], parents=torch.tensor(PARENTS))
+    _close(got, want)
+    assert prepared == [PARENTS] and target.config._attn_implementation == "sdpa"
+    for i in range(ref.n_layers):
+        _close(caches[0].layer(i)[0], caches[1].layer(i)[0])

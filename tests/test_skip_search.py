@@ -317,7 +317,7 @@ def test_threshold_rejects_updates():
         c.update(5, 4)
     with pytest.raises(ValueError, match="accepted"):
         c.update(-1, 4)
-    with pytest.raises(ValueError, match="drafted_tested"):
+    with pytest.raises(ValueError, match="drafted"):
         c.update(1, 2.0)
 
 
@@ -333,18 +333,18 @@ def test_threshold_converges_on_expected_acceptance():
 
 @pytest.mark.parametrize("alpha", [0.5, 0.7])
 def test_threshold_tracks_alpha_on_simulated_drafts(alpha):
-    """Stochastic drafter: confidence p ~ Beta(4, 1) per token, drafting stops at p < gamma (first token
-    always kept, at most 8), each token accepted with probability p until the first rejection. The
-    sign rule makes AR's median track alpha (see AdaptiveThreshold)."""
+    """Stochastic drafter: confidence p ~ Beta(4, 1) per token, drafting stops after the first token with
+    p < gamma (that token kept, at most 8), each token accepted with probability p until the first
+    rejection. The sign rule makes AR's median track alpha (see AdaptiveThreshold)."""
     rng = np.random.default_rng(0)
     c = AdaptiveThreshold(target_alpha=alpha)
     for _ in range(4000):
         ps = []
-        for i in range(8):
+        for _i in range(8):
             p = rng.beta(4.0, 1.0)
-            if i > 0 and c.should_stop(p):
-                break
             ps.append(p)
+            if c.should_stop(p):
+                break
         accepted = 0
         for p in ps:
             if rng.random() >= p:

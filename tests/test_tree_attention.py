@@ -273,3 +273,137 @@ def test_cli_rejects_bad_n(capsys):
     with pytest.raises(SystemExit):
         tac.main(["--check", "--n", "0"])
     assert "--n must be >= 1, got 0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- on the decode path
+#
+# Runner(model, attention="triton") verifies the engine's trees with the kernel (through transformers'
+# AttentionInterface). Against the dense-mask sdpa reference, through the engine, on a tiny GQA model (4 query,
+# 2 kv heads), fp32: the target's logits at every node agree to atol=rtol=1e-4 (the kernel's fp32 tolerance
+# above: |logits| reach ~20 here, and a wrong mask or position moves them by O(1)), and the accepted paths,
+# next tokens and generated tokens are equal. Few nodes and steps: the interpreter is slow.
+
+from conftest import IdTokenizer, make_target  # noqa: E402
+
+import dvi_lite  # noqa: E402
+from dvi_lite.core.engine import start, step  # noqa: E402
+from dvi_lite.core.runner import Runner  # noqa: E402
+from dvi_lite.core.sampling import Sampler, make_generator  # noqa: E402
+from dvi_lite.methods.medusa.drafter import make_drafter  # noqa: E402
+from dvi_lite.methods.medusa.heads import MedusaHeads  # noqa: E402
+
+DECODE_TREES = {  # one per tree builder
+    "cartesian": dict(tree="cartesian", branch=2, k=2),
+    "pruned": dict(tree="pruned", branch=3, max_nodes=6),
+    "sparse": dict(tree="sparse", branch=3, max_nodes=6,
+                   accuracies=[[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]),
+    "custom": dict(tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)], branch=2),
+}
+PROMPT = [7, 3, 9, 11, 40, 2]
+
+
+def kernel_runs_here() -> None:
+    """Triton is a dependency on Linux: there its absence FAILS these tests (no skip). Elsewhere (macOS has no
+    triton wheel) they are skipped."""
+    import sys
+
+    if not HAS_TRITON:
+        assert sys.platform != "linux", "triton must run here (Linux): install it, or set TRITON_INTERPRET=1 on CPU"
+        pytest.skip("triton cannot run on this platform")
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    return make_target().to(DEVICE)
+
+
+def perturbed_heads(model, num_heads=3, seed=1, scale=0.3) -> MedusaHeads:
+    """Heads between the model's next token and noise, so trees are partly accepted (as in test_medusa)."""
+    heads = MedusaHeads(model, num_heads).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g).to(DEVICE))
+    return heads
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", list(DECODE_TREES))
+def test_kernel_on_the_decode_path_equals_sdpa(gqa_model, monkeypatch, name, temperature, steps=4):
+    """Two engines in lockstep, sdpa vs kernel: equal proposals, logits (allclose), accepted paths and tokens."""
+    kernel_runs_here()
+    model = gqa_model
+    heads = perturbed_heads(model)
+    triton_runner = Runner.for_model(model, "triton")
+    calls = []
+    prepare = triton_runner.tree_kernel
+    monkeypatch.setattr(triton_runner, "tree_kernel", lambda parents: calls.append(len(parents)) or prepare(parents))
+    sampler = Sampler(temperature)
+    engine_runner = Runner.for_model(model)  # what generate() uses: the proposals name the kernel's runner
+    runs = []
+    for attention in ("sdpa", "triton"):
+        drafter = make_drafter(model, None, heads=heads, attention=attention, **DECODE_TREES[name])
+        runs.append((drafter, start(engine_runner, drafter, PROMPT, 40, sampler, make_generator(0, DEVICE))))
+    assert runs[0][0].runner is engine_runner and runs[1][0].runner is triton_runner
+    accepted = 0
+    for i in range(steps):
+        (ref, _), (got, _) = (step(state, drafter) for drafter, state in runs)
+        assert torch.equal(got.proposal.tokens, ref.proposal.tokens) and len(ref.proposal) > 0
+        assert got.proposal.runner is triton_runner and ref.proposal.runner is None
+        torch.testing.assert_close(got.p_logits, ref.p_logits, atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, i=i: f"{name}, T={temperature}, step {i}: {m}")
+        assert (got.path, got.next_token) == (ref.path, ref.next_token)
+        accepted += len(ref.path)
+    assert runs[0][1].tokens == runs[1][1].tokens
+    assert len(calls) == steps and all(n > 1 for n in calls)  # every verification went through the kernel once
+    if temperature == 0.0:
+        assert accepted > 0  # the accepted path's cache gather ran on kernel-written keys and values
+
+
+def test_kernel_option_through_generate(gqa_model):
+    """The medusa option attention="triton" through generate(): the greedy tokens are AR's."""
+    kernel_runs_here()
+    heads = perturbed_heads(gqa_model)
+    ar = dvi_lite.generate(gqa_model, IdTokenizer(), PROMPT, max_new_tokens=8, stop_at_eos=False)
+    md = dvi_lite.generate(gqa_model, IdTokenizer(), PROMPT, method="medusa", heads=heads, attention="triton",
+                           tree="cartesian", branch=2, k=2, max_new_tokens=8, stop_at_eos=False)
+    assert md.token_ids == ar.token_ids and sum(s.accepted for s in md.stats.steps) > 0
+
+
+def test_kernel_runner_keeps_chains_on_sdpa_and_restores_the_config(gqa_model, monkeypatch):
+    """Chains (prefill, draft chains) never reach the kernel; the attention implementation is swapped only
+    for the duration of a tree forward."""
+    kernel_runs_here()
+    r = Runner.for_model(gqa_model, "triton")
+    calls = []
+    monkeypatch.setattr(r, "tree_kernel", lambda parents: calls.append(parents) or None)
+    cache = r.new_cache(16)
+    ref = Runner.for_model(gqa_model)
+    ref_cache = ref.new_cache(16)
+    for ids in ([PROMPT], [[5, 6, 7]]):  # a prefill, then a chain after a cached prefix
+        got, _ = r.forward(torch.tensor(ids, device=DEVICE), cache)
+        want, _ = ref.forward(torch.tensor(ids, device=DEVICE), ref_cache)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert calls == [] and gqa_model.config._attn_implementation == "sdpa"
+    assert Runner.for_model(gqa_model, "triton") is r is not Runner.for_model(gqa_model)
+    monkeypatch.undo()
+    from transformers import AttentionInterface
+
+    seen = []
+
+    def spy(module, *args, **kw):
+        seen.append(module.config._attn_implementation)
+        return runner.hf_tree_attention(module, *args, **kw)
+    monkeypatch.setitem(AttentionInterface._global_mapping, runner.HF_TREE_ATTENTION, spy)
+    r.forward(torch.tensor([[1, 2, 3]], device=DEVICE), cache, parents=torch.tensor([-1, 0, 0], device=DEVICE))
+    assert seen == [runner.HF_TREE_ATTENTION] * r.n_layers and gqa_model.config._attn_implementation == "sdpa"
+
+
+def test_kernel_backend_reports_why_it_cannot_run(monkeypatch):
+    """Runner(attention="triton") fails when built, with the reason, not mid-decoding."""
+    monkeypatch.setattr(ta, "_TRITON", {"error": "ImportError: No module named 'triton'"})
+    with pytest.raises(RuntimeError, match="needs triton, which does not import here"):
+        ta.triton_kernel_for("cpu")
+    monkeypatch.setattr(ta, "_TRITON", {"triton": None, "kernel": None, "interpret": False})
+    with pytest.raises(RuntimeError, match="needs a CUDA model.*TRITON_INTERPRET=1"):
+        ta.triton_kernel_for("cpu")

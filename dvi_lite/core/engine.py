@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -31,6 +32,13 @@ class Proposal:
     parents: torch.Tensor | None = None  # (N,) parents[i] < i, -1 = child of the pending token
     hidden: torch.Tensor | None = None  # (1, m, D) layer-`split` states of the first m of [pending, *tokens], a chain
     split: int = 0  # for the first m of [pending, *tokens]: verification runs only layers [split, L) on them
+    # Two opt-in hooks of the verify step (None = the engine's own, the default path):
+    runner: Runner | None = None  # the target runner that verifies (the same model, e.g. another attention backend)
+    # accept(p_logits (N+1, V), sampler, gen) -> (accepted node indices, next token): a rule replacing the
+    # engine's greedy match / rejection sampling. Any other rule than those BREAKS LOSSLESSNESS (the output
+    # no longer follows the target's law), so only an explicitly lossy option may set it. For a chain
+    # (parents None) the path must be a prefix 0..n-1.
+    accept: Callable[[torch.Tensor, Sampler, torch.Generator], tuple[list[int], int]] | None = None
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -188,7 +196,9 @@ def _depth(parents: torch.Tensor | None, n: int) -> int:
 @torch.no_grad()
 def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     """One target forward over [pending] + proposal, verification, cache rollback to the accepted path."""
-    runner, cache = state.runner, state.cache
+    runner, cache = prop.runner or state.runner, state.cache
+    if runner.model is not state.runner.model:
+        raise ValueError("Proposal.runner must run the target model itself (another attention backend, say)")
     dev = state.device
     past = state.committed  # committed positions (the pending token is not in the cache yet); not
     # len(cache): a drafter may have written draft positions into every layer (Draft & Verify)
@@ -221,7 +231,9 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
         h = runner.layers_forward(h, cache, positions, prop.split, parents=parents)
     logits = runner.logits(h)[0]  # (N+1, V)
     sampler = state.sampler
-    if prop.parents is None:
+    if prop.accept is not None:  # the drafter's own (lossy) rule
+        path, nxt = prop.accept(logits, sampler, state.gen)
+    elif prop.parents is None:
         if sampler.greedy:
             n, nxt = verify_greedy_chain(prop.tokens, logits)
         else:

@@ -84,8 +84,10 @@ K = lambda default: Option("k", default, "draft tokens per step, K", "int", low=
 SPLIT = Option("split", None, "exit layer: the first `split` layers draft; None = the method's default", "int",
                low=1, optional=True)
 BRANCH = Option("branch", 1, "candidates per draft step: 1 = a chain, more = top-branch tree leaves", "int", low=1)
-THRESHOLD = lambda default: Option("threshold", default, "stop drafting when the top-1 probability of the "  # noqa: E731
-                                   "draft falls below it (eta); None = always draft k", "prob", optional=True)
+THRESHOLD = lambda default: Option("threshold", default, "stop drafting after the first token whose top-1 "  # noqa: E731
+                                   "probability is below it (eta); None = always draft k", "prob", optional=True)
+VOCAB = Option("vocab", None, "trimmed draft head (FR-Spec): None = the full vocabulary; an int N = the N tokens "
+               "most frequent on the corpus; or a saved map's file (verification keeps the full head)")
 DRAFT_MODEL = Option("draft_model", None, "the draft model (object or folder); None = this model's committed draft")
 
 _M = "dvi_lite.methods"
@@ -102,18 +104,18 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sps", f"{_M}.sps:make_drafter", "speculative sampling with a small draft model",
            (DRAFT_MODEL, K(4)), paper="Leviathan et al. 2023; Chen et al. 2023"),
     Method("early_exit", f"{_M}.early_exit:make_drafter", "the target's first layers + its own head draft",
-           (SPLIT, K(6), THRESHOLD(None), BRANCH)),
+           (SPLIT, K(6), THRESHOLD(None), BRANCH, VOCAB)),
     Method("kangaroo", f"{_M}.kangaroo.drafter:make_drafter", "early exit + a trained adapter (double early exit)",
            (SPLIT, K(6), THRESHOLD(0.6), BRANCH,
-            Option("adapter", None, "a KangarooAdapter or its file; None = this model's committed adapter")),
+            Option("adapter", None, "a KangarooAdapter or its file; None = this model's committed adapter"), VOCAB),
            paper="Liu et al. 2024"),
     Method("draft_verify", f"{_M}.draft_verify.drafter:make_drafter", "the target with skipped sub-layers drafts",
            (Option("skip", None, "a Skip, a dict or a file; None = this model's committed skip set"),
-            K(8), Option("threshold", 0.6, "stop drafting when the draft's top-1 probability falls below it (gamma; "
-                         "with adaptive, its start value); None = always draft k (adaptive: start at 0.8)", "prob",
-                         optional=True),
-            Option("adaptive", True, "adapt the threshold gamma towards target_alpha", "bool"),
-            Option("target_alpha", 0.9, "the acceptance rate adaptive gamma aims at", "prob")),
+            K(8), Option("threshold", 0.8, "stop drafting after the first token whose top-1 probability is below "
+                         "it (gamma; with adaptive, its start value; the authors' 0.8); None = always draft k "
+                         "(adaptive: start at 0.8)", "prob", optional=True),
+            Option("adaptive", True, "adapt gamma after every verification (the authors' rule)", "bool"),
+            Option("target_alpha", 0.9, "the accepted / drafted rate adaptive gamma aims at", "prob"), VOCAB),
            paper="Zhang et al. 2024"),
     Method("medusa", f"{_M}.medusa.drafter:make_drafter", "extra decoding heads draft a tree, verified at once",
            (Option("heads", None, "MedusaHeads or their file; None = this model's committed heads"),
@@ -126,12 +128,19 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                    optional=True),
             Option("prune", "confidence", "how pruned trees score nodes", "choice",
                    choices=("confidence", "path", "entropy")),
-            Option("accuracies", None, "sparse trees: per-head, per-rank accuracies (None = the heads' own)")),
+            Option("accuracies", None, "sparse trees: per-head, per-rank accuracies (None = the heads' own)"),
+            Option("attention", "sdpa", "how the target attends the tree: sdpa (dense mask, the reference) or "
+                   "triton (the tree kernel: CUDA, or Triton's interpreter on CPU)", "choice",
+                   choices=("sdpa", "triton")),
+            Option("acceptance", "exact", "exact (lossless) or typical (Medusa's LOSSY rule when sampling)",
+                   "choice", choices=("exact", "typical")),
+            Option("typical_epsilon", 0.09, "typical acceptance: p(x) > min(epsilon, delta exp(-H(p)))", "prob"),
+            Option("typical_delta", 0.3, "typical acceptance: the entropy-scaled bar's factor delta", "real", low=0)),
            paper="Cai et al. 2024"),
     Method("dvi", f"{_M}.dvi.drafter:make_drafter", "early exit + a head learned online from the verifier",
            (SPLIT, Option("state", None, "a DVIPolicy or a folder with policy.pt; None = this model's committed head"),
             K(6), THRESHOLD(0.6),
-            Option("load_verifier", False, "also load the slow verifier LoRA (lora_D) into the model", "bool")),
+            Option("load_verifier", False, "also load the slow verifier LoRA (lora_D) into the model", "bool"), VOCAB),
            paper="Bhansali & Heck 2025"),
 )}
 

@@ -5,11 +5,19 @@ sub-layers (Draft & Verify), start from hidden states at layer k (self-speculati
 attend along a tree (Medusa) and read hidden states (Medusa heads). Calling the model's own modules
 (`self_attn`, `mlp`, norms, rotary embedding) keeps the arithmetic identical to HF's, so greedy
 tokens match `model.generate` exactly, while we own the mask, the positions and the cache.
+
+Tree attention has two backends (`Runner(model, attention=...)`): "sdpa", the reference, gives every
+layer a dense (n, past + n) bool mask; "triton" hands the tree's parent array to a mask-free Triton
+kernel instead, through transformers' AttentionInterface, so the model's own attention module still
+computes q, k, v, the rotary embedding and the output projection. Chains use sdpa under both.
 """
 from __future__ import annotations
 
+import importlib
 import weakref
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
@@ -61,26 +69,77 @@ class Skip:
     mlp: frozenset = frozenset()
 
 
-_RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its Runner (dies with the model)
+ATTENTION = ("sdpa", "triton")  # how a tree is attended: dense mask + sdpa (the reference), or the Triton kernel
+# The kernel lives with Medusa, which brought tree attention. It is named by a string, as the registry names
+# factories, so the core imports no method module and triton is imported only when "triton" is asked for.
+_TREE_KERNELS = {"triton": "dvi_lite.methods.medusa.tree_attention:triton_kernel_for"}
+HF_TREE_ATTENTION = "dvi_lite_tree"  # the name of `hf_tree_attention` in transformers' AttentionInterface
+
+
+def hf_tree_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                      dropout: float = 0.0, scaling: float | None = None, tree_attend: Callable | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """An HF attention function: the n new positions are a tree, attended by `tree_attend` (the kernel
+    prepared for this tree's parents) instead of sdpa with a mask.
+
+    HF attention modules (LlamaAttention and kin) call it after `KVCache.update`, passing on the extra
+    kwargs the runner gave them: query (1, H, n, D); key/value (1, Hkv, past + n, D), the layer's cached
+    past followed by the n new nodes. The kernel maps GQA heads itself (query head h reads kv head
+    h // (H / Hkv), as HF's repeat_kv does). Returns HF's layout: (1, n, H, D) and no weights.
+    """
+    n = query.shape[2]
+    past = key.shape[2] - n
+    out = tree_attend(query, key[:, :, :past], value[:, :, :past], key[:, :, past:], value[:, :, past:],
+                      scaling)  # (1, H, n, D)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def _attention_implementation(configs: list, name: str) -> Iterator[None]:
+    """HF attention modules pick their attention function by `config._attn_implementation`: set it for
+    one forward, then restore it (not thread-safe: no two threads may share a model here)."""
+    old = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = name
+    try:
+        yield
+    finally:
+        for c, o in zip(configs, old, strict=True):
+            c._attn_implementation = o
+
+
+_CACHE_ATTR = "_dvi_lite_runners"  # {attention: Runner} kept in the model's own __dict__
 
 
 class Runner:
-    """Thin, stateless driver over an HF `*ForCausalLM` (Llama family)."""
+    """Thin, stateless driver over an HF `*ForCausalLM` (Llama family).
+
+    attention: how trees (`parents` given) are attended, one of ATTENTION. "sdpa" (default) is the
+    reference; "triton" runs the Triton tree kernel (CUDA; on CPU only under Triton's interpreter,
+    TRITON_INTERPRET=1 set before the kernel is first defined: for correctness tests, not speed).
+    """
 
     @classmethod
-    def for_model(cls, model) -> "Runner":
-        """The model's runner, built once: the layer handles are looked up on first use only."""
-        r = _RUNNERS.get(model)
+    def for_model(cls, model, attention: str = "sdpa") -> "Runner":
+        """The model's runner for `attention`, built once: the layer handles are looked up on first use only."""
+        # Kept on the model itself, not in a module-level map: model -> runner -> model is a plain reference
+        # cycle, so the garbage collector frees both once the caller drops the model (a weak-keyed map would
+        # not: its value, the runner, keeps the key alive).
+        per = model.__dict__.setdefault(_CACHE_ATTR, {})
+        r = per.get(attention)
         if r is None:
-            r = _RUNNERS[model] = cls(model)
+            r = per[attention] = cls(model, attention)
         return r
 
-    def __init__(self, model):
+    def __init__(self, model, attention: str = "sdpa"):
         impl = getattr(model.config, "_attn_implementation", "sdpa")
         if impl != "sdpa":  # our masks are boolean / None-means-causal, which only sdpa reads that way
             raise ValueError(f"model must use attn_implementation='sdpa' (got {impl!r}); load it with "
                              "from_pretrained(..., attn_implementation='sdpa') or dvi_lite.load_model")
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {list(ATTENTION)}, got {attention!r}")
         self.model = model
+        self.attention = attention
         base = model.model
         self.embed_tokens = base.embed_tokens
         self.layers = base.layers
@@ -89,6 +148,16 @@ class Runner:
         self.lm_head = model.lm_head
         self.n_layers = len(self.layers)
         self.device = self.lm_head.weight.device
+        # tree_kernel(parents) -> attend(q, k_cache, v_cache, k_new, v_new, scale) -> (1, H, n, D); None = sdpa
+        self.tree_kernel: Callable | None = None
+        if attention != "sdpa":
+            module, fn = _TREE_KERNELS[attention].split(":")
+            self.tree_kernel = getattr(importlib.import_module(module), fn)(self.device)  # raises if it cannot run
+            from transformers import AttentionInterface
+
+            AttentionInterface.register(HF_TREE_ATTENTION, hf_tree_attention)
+            self._attn_configs = list({id(layer.self_attn.config): layer.self_attn.config
+                                       for layer in self.layers}.values())
 
     def new_cache(self, max_len: int) -> KVCache:
         return KVCache.for_model(self.model, max_len)
@@ -105,24 +174,30 @@ class Runner:
         cached prefix). The mask is built per distinct past length, since layers may differ there.
         mask: an explicit (1, 1, n, past + n) mask for every layer run (the caller guarantees they all
         hold `past` positions), e.g. the rows of a tree whose first nodes are already cached.
+        A tree with no explicit mask goes through the Triton kernel when this runner's attention is "triton".
         """
         end = self.n_layers if end is None else end
         n = h.shape[1]
         pe = self.rotary(h, positions)
         masks: dict[int, torch.Tensor | None] = {}
-        for i in range(start, end):
-            layer = self.layers[i]
-            if skip is None or i not in skip.attn:
-                past = cache.lens[i] if cache is not None else 0
-                if mask is not None:
-                    masks[past] = mask
-                elif past not in masks:
-                    masks[past] = chain_mask(n, past, h.device) if parents is None else tree_mask(parents, past)
-                a, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe,
-                                       attention_mask=masks[past], past_key_values=cache)
-                h = h + a
-            if skip is None or i not in skip.mlp:
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+        kernel = parents is not None and mask is None and self.tree_kernel is not None
+        extra = {"tree_attend": self.tree_kernel(parents)} if kernel else {}  # to hf_tree_attention, via the module
+        with _attention_implementation(self._attn_configs, HF_TREE_ATTENTION) if kernel else nullcontext():
+            for i in range(start, end):
+                layer = self.layers[i]
+                if skip is None or i not in skip.attn:
+                    past = cache.lens[i] if cache is not None else 0
+                    if kernel:
+                        masks[past] = None  # the kernel reads `parents`, no mask
+                    elif mask is not None:
+                        masks[past] = mask
+                    elif past not in masks:
+                        masks[past] = chain_mask(n, past, h.device) if parents is None else tree_mask(parents, past)
+                    a, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe,
+                                           attention_mask=masks[past], past_key_values=cache, **extra)
+                    h = h + a
+                if skip is None or i not in skip.mlp:
+                    h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

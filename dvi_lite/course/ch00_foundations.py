@@ -1,60 +1,31 @@
-"""Chapter 00: why token-by-token decoding is memory/overhead bound, and the course model itself.
+"""Chapter 00: why token-by-token decoding is slow, in two regimes, and the course model itself.
 
-The whole of speculative decoding rests on one measurement: a forward pass over n new tokens costs
-far less than n forward passes over one token, because at batch 1 the time goes into reading the
-weights (GPU) or into per-op framework overhead (small models on a CPU), not into arithmetic.
+The whole of speculative decoding rests on one measurement: v(n), the cost of a forward over n new
+tokens in units of a 1-token forward (`study.cost.verify_cost`). Two regimes decide it at batch 1:
+- memory bound (a real model in bf16, or any model on a GPU): every forward streams all the weights
+  from memory once, whatever n, so v(n) stays close to 1 for small n and verification is nearly free;
+- overhead / compute bound (the small fp32 course model on a CPU): per-operator framework cost and the
+  arithmetic itself dominate, v(n) grows with n, and the same acceptance buys much less speedup.
+The roofline places decoding between them: bytes one AR token moves (weights + the KV cache it reads)
+divided by the time per token, against the machine's measured memory bandwidth (`study.cost`).
 """
 from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
-import torch
-
-from dvi_lite.core.runner import Runner
+from dvi_lite.core.generate import prompt_ids
+from dvi_lite.core.kvcache import kv_bytes, kv_shape
+from dvi_lite.course.ch01_speculative_sampling import expected_tokens
 from dvi_lite.models.loading import COURSE_MODEL
+from dvi_lite.study.cost import predicted_speedup, v_of, weight_bytes
 from dvi_lite.study.table import check_bench, finite, require
-
-
-@torch.no_grad()
-def forward_cost(model, n_new: list[int] = (1, 2, 4, 8, 16), context: int = 128, repeats: int = 20,
-                 warmup: int = 3, seed: int = 0) -> list[dict]:
-    """Median wall time of one forward over n new tokens after `context` cached ones.
-
-    The cache is rolled back after each call, so every measurement sees the same context length.
-    """
-    if context < 1 or repeats < 1 or not n_new:
-        raise ValueError("context and repeats must be >= 1 and n_new non-empty")
-    runner = Runner(model)
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    cache = runner.new_cache(context + max(n_new) + 1)
-    runner.forward(torch.randint(vocab, (1, context), generator=g).to(runner.device), cache)
-    rows = []
-    for n in n_new:
-        ids = torch.randint(vocab, (1, n), generator=g).to(runner.device)
-        times = []
-        for i in range(warmup + repeats):
-            t0 = time.perf_counter()
-            runner.forward(ids, cache)
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-            cache.crop(context)
-        rows.append({"n_new": n, "ms": 1e3 * statistics.median(times)})
-    base = rows[0]["ms"]
-    for r in rows:
-        r["ratio_vs_first"] = r["ms"] / base
-        r["ms_per_token"] = r["ms"] / r["n_new"]
-    return rows
 
 
 def model_card(path: str | Path | None = None) -> dict:
     """The training card (card.json) of the course model, or {} for a checkpoint without one."""
-    f = Path(path or COURSE_MODEL) / "card.json"
+    f = Path(path if path not in (None, "course") else COURSE_MODEL) / "card.json"
     return json.loads(f.read_text()) if f.is_file() else {}
 
 
@@ -65,12 +36,78 @@ def param_count(model) -> dict:
             "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size}
 
 
-def check_invariants(cost: list[dict], ar_equal: int, n_prompts: int, res: dict, exact: bool) -> list[str]:
-    """Notebook 00's claims: forward costs are positive, AR equals HF generate on every prompt (when `exact`:
-    an fp32 model), and both baselines were benched."""
-    for r in cost:
-        finite(r["ms"], f"forward over {r['n_new']} tokens (ms)", 0, strict=True)
-    out = [f"forward cost: {len(cost)} positive timings"]
+def decode_context(tok, prompts: list[dict], max_new_tokens: int) -> int:
+    """Mean cached positions while decoding the prompts: mean prompt length (chat template applied) + half the
+    new tokens. The KV cache one AR token reads has this many positions on average."""
+    lens = [len(prompt_ids(tok, r["prompt"])) for r in prompts]
+    return round(statistics.mean(lens)) + max_new_tokens // 2 if lens else max_new_tokens // 2
+
+
+def decode_roofline(model, tokens_per_s: float, context: int, bandwidth: dict) -> dict:
+    """Where AR decoding sits against the memory roof, from a measured AR speed.
+
+    Per token a forward reads every weight once (`cost.weight_bytes`) and the K/V of `context` cached positions
+    in every layer, and does about 2 FLOPs per weight it reads plus the attention over the cache (QK^T and AV,
+    4 * layers * heads * head_dim * context). achieved_GBps = bytes per token * tokens per s; `bandwidth` is
+    `cost.memory_bandwidth(...)`; of_copy / of_read are the fractions of its copy and read figures reached.
+    """
+    finite(tokens_per_s, "AR tokens/s", 0, strict=True)
+    cfg = model.config
+    p = next(model.parameters())
+    w = weight_bytes(model)
+    kv = kv_bytes(cfg, context, p.element_size())
+    _, head_dim = kv_shape(cfg)
+    flops = 2 * w / p.element_size() + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * context
+    achieved = (w + kv) * tokens_per_s / 1e9
+    return {"dtype": str(p.dtype).removeprefix("torch."), "weight_bytes": w, "kv_bytes": kv, "context": context,
+            "bytes_per_token": w + kv, "flops_per_token": flops, "intensity_flops_per_byte": flops / (w + kv),
+            "tokens_per_s": tokens_per_s, "ms_per_token": 1e3 / tokens_per_s, "achieved_GBps": achieved,
+            "achieved_GFLOPs": flops * tokens_per_s / 1e9, "of_copy": achieved / bandwidth["copy_GBps"],
+            "of_read": achieved / bandwidth["read_GBps"]}
+
+
+def regime_table(vs: dict[str, dict], alpha: float, c: float, ks: list[int]) -> list[dict]:
+    """What each model's measured v(n) does to the same drafter: for every model and K, v(K + 1), the tau of a
+    drafter with acceptance `alpha` (i.i.d., `expected_tokens`), and the speedup tau / (v(K + 1) + K c)
+    (`cost.predicted_speedup`); `free` is the speedup if verification cost nothing extra (v = 1), the bound
+    a memory-bound model approaches."""
+    finite(alpha, "alpha", 0)
+    require(alpha <= 1, f"alpha = {alpha} > 1")
+    finite(c, "c (draft cost per token)", 0)
+    rows = []
+    for name, v in vs.items():
+        for k in ks:
+            tau = expected_tokens(alpha, k)
+            rows.append({"model": name, "k": k, "v": v_of(v, k + 1), "tau": tau,
+                         "predicted_speedup": predicted_speedup(tau, k, c, v),
+                         "free": predicted_speedup(tau, k, c, lambda n: 1.0)})
+    return rows
+
+
+def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: dict, ar_equal: int,
+                     n_prompts: int, res: dict, exact: bool, memory_bound: str | None = None,
+                     compute_bound: str | None = None) -> list[str]:
+    """Notebook 00's claims: every v(n) table starts at v(1) = 1 with positive entries, the bandwidth and every
+    roofline figure are positive, AR equals HF generate on every prompt (when `exact`: an fp32 model), both
+    baselines were benched, and (given the two names) the memory-bound model's v at the largest measured n is
+    below the compute-bound one's: its verification is the cheaper one."""
+    for name, v in vs.items():
+        v = {int(n): x for n, x in v.items()}
+        require(v.get(1) == 1.0, f"{name}: v(1) = {v.get(1)} (must be exactly 1)")
+        for n, x in v.items():
+            finite(x, f"{name}: v({n})", 0, strict=True)
+    out = [f"v(n): {len(vs)} tables, v(1) = 1, every v(n) > 0"]
+    for key in ("copy_GBps", "read_GBps"):
+        finite(bandwidth[key], f"measured bandwidth {key}", 0, strict=True)
+    for name, r in roofline.items():
+        for key in ("bytes_per_token", "tokens_per_s", "achieved_GBps", "intensity_flops_per_byte"):
+            finite(r[key], f"{name}: roofline {key}", 0, strict=True)
+    out.append(f"roofline: bandwidth and {len(roofline)} models' bytes/token, tokens/s and GB/s all > 0")
+    if memory_bound and compute_bound:
+        vm, vc = ({int(n): x for n, x in vs[m].items()} for m in (memory_bound, compute_bound))
+        n = max(set(vm) & set(vc))
+        require(vm[n] < vc[n], f"v({n}) of {memory_bound} ({vm[n]:.2f}) is not below {compute_bound}'s ({vc[n]:.2f})")
+        out.append(f"v({n}): {memory_bound} {vm[n]:.2f} < {compute_bound} {vc[n]:.2f}")
     require(0 <= ar_equal <= n_prompts, f"AR == HF count {ar_equal} out of range 0..{n_prompts}")
     if exact:
         require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")

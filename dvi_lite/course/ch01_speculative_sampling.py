@@ -23,7 +23,7 @@ from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chain
 from dvi_lite.course.ch01_parity import measure_parity
 from dvi_lite.methods.sps import resolve_draft
-from dvi_lite.study.bench import bench, predicted_speedup
+from dvi_lite.study.bench import bench, leviathan_speedup
 from dvi_lite.study.table import check_bench, finite, require
 
 P_MIN = 1e-3  # a chi-square p-value below this rejects "distributed as p" (the tests' threshold)
@@ -123,11 +123,11 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float]]:
-    """Predicted tokens per step and speedup (bench.predicted_speedup) for each K, and the best K.
+    """Predicted tokens per step and speedup (bench.leviathan_speedup: v(n) = 1) for each K, and the best K.
 
     tau saturates at 1 / (1 - alpha) while the drafting cost K c grows linearly: the optimum is interior.
     """
-    speed = [predicted_speedup(alpha, k, c) for k in ks]
+    speed = [leviathan_speedup(alpha, k, c) for k in ks]
     return {"k": list(ks), "tokens": [expected_tokens(alpha, k) for k in ks], "speedup": speed,
             "alpha": alpha, "c": c, "best_k": list(ks)[speed.index(max(speed))]}
 
@@ -246,7 +246,7 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
     for k, label in zip(ks, labels, strict=True):
         r, pos = res[label], position_stats(logs[label], k)
         a = pos["alpha_hat"] if pos["alpha_hat"] is not None else 0.0
-        pred = predicted_speedup(a, k, r["c"]) if r.get("c") is not None else None
+        pred = leviathan_speedup(a, k, r["c"]) if r.get("c") is not None else None
         rows.append({"k": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
                      "expected_tokens": expected_tokens(a, k), "tokens_per_s": r["tokens_per_s"],
                      "ar_tokens_per_s": res["ar"]["tokens_per_s"], "speedup_vs_ar": r["speedup_vs_ar"],

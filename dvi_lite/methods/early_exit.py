@@ -6,9 +6,14 @@ DVI's trained exit head improve on. What it shares with them is the mechanics th
 shallow layers' KV cache and hidden states computed while drafting are *reused* by verification
 (Proposal.hidden), so verification only runs layers [s, L) on those positions.
 
-Drafting stops early when the draft's top-1 probability falls below `threshold` (Kangaroo's second
-"early exit"), or after `k` tokens. The default exit layer is `core.checks.default_split`, the same
-for every self-speculative method.
+Drafting stops when the draft's top-1 probability falls below `threshold` (Kangaroo's second "early
+exit"), or after `k` tokens. The token drafted from that low-confidence distribution is still proposed:
+drafting stops *after* it, as Kangaroo's inference code, the Draft & Verify authors' decoding and DVI's
+`spec_decode` all do (its logits are computed anyway; dropping it would bias tau down for nothing).
+The default exit layer is `core.checks.default_split`, the same for every self-speculative method.
+
+`vocab` (models.vocab): a trimmed draft head that scores only the N most frequent tokens (q = 0 elsewhere);
+verification keeps the full head, so the output is unchanged (lossless) and only the draft gets cheaper.
 
 Tree drafts (branch > 1, beyond the Kangaroo repo): drafting still runs one chain (the top-1 tokens)
 through the shallow layers, and at every step also proposes the next `branch - 1` most likely tokens
@@ -24,22 +29,34 @@ import torch
 from dvi_lite.core.checks import check_int, check_prob, check_split, default_split
 from dvi_lite.core.engine import DecodeState, Drafter, Proposal
 from dvi_lite.core.runner import Runner
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 
 class EarlyExitDrafter(Drafter):
     name = "early_exit"
 
-    def __init__(self, runner: Runner, split: int, k: int = 6, threshold: float | None = None, branch: int = 1):
+    def __init__(self, runner: Runner, split: int, k: int = 6, threshold: float | None = None, branch: int = 1,
+                 vocab: TrimmedHead | None = None):
         self.runner = runner
+        self.vocab = vocab  # None: the model's full LM head drafts
         self.split = check_split(split, runner.n_layers)
         self.k = check_int("k (draft length)", k, 1)
         self.branch = check_int("branch (candidates per draft step; 1 = a chain)", branch, 1)
         self.max_draft = self.k * self.branch  # cache room the engine reserves for one proposal
         self.threshold = None if threshold is None else check_prob("threshold (eta)", threshold)
 
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The draft's vocabulary projection of normalised states (..., D) -> (..., V): the model's LM head,
+        or the trimmed head (-inf off its map, so q = 0 there)."""
+        return self.runner.lm_head(x) if self.vocab is None else self.vocab(x)
+
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft head on exit-layer hidden states (1, n, D) -> (1, n, V). Subclasses (Kangaroo) override."""
-        return self.runner.logits(h)
+        return self.head_logits(self.runner.norm(h))
+
+    def extra_params(self) -> int:
+        """Values this drafter adds to the target: none, but a trimmed head's selected rows (subclasses add theirs)."""
+        return 0 if self.vocab is None else self.vocab.numel
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
@@ -56,8 +73,6 @@ class EarlyExitDrafter(Drafter):
             logits = self.exit_logits(h)[0, -1]  # (V,)
             q = state.sampler.probs(logits)  # the law drafts are sampled from (one-hot when greedy)
             conf = state.sampler.confidence(logits)  # what the exit rule and the tree read (never one-hot)
-            if self.threshold is not None and i > 0 and float(conf.max()) < self.threshold:
-                break  # not confident: stop; h of its input d_i is kept (all inputs covered)
             if tree:  # top-1 continues the chain, the next branch-1 become leaves under the same parent
                 top = torch.topk(conf, min(self.branch, int((conf > 0).sum()))).indices.tolist()
                 tok = top[0]
@@ -66,8 +81,9 @@ class EarlyExitDrafter(Drafter):
                 tok = int(q.argmax()) if state.sampler.greedy else int(torch.multinomial(q, 1, generator=state.gen))
             tokens.append(tok)
             qs.append(q)
-        # shallow states of [pending, d1, ...]: n of them after a full run (d_n itself not yet fed),
-        # n + 1 after an early stop (the last input was fed to find out it was not confident)
+            if self.threshold is not None and float(conf.max()) < self.threshold:
+                break  # not confident: this token is proposed, the next is not drafted
+        # shallow states of [pending, d1, ..., d_{n-1}]: the last draft d_n is never fed (verification runs it)
         hidden = torch.cat(hs, 1)
         dev = state.device
         if not tree:
@@ -80,7 +96,9 @@ class EarlyExitDrafter(Drafter):
 
 
 def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = None,
-                 branch: int = 1) -> EarlyExitDrafter:
-    """Self-speculation with the target's own first `split` layers (None: default_split) and its own head."""
+                 branch: int = 1, vocab=None) -> EarlyExitDrafter:
+    """Self-speculation with the target's own first `split` layers (None: default_split) and its own head
+    (vocab: a trimmed head, models.vocab.resolve_vocab)."""
     r = Runner.for_model(model)
-    return EarlyExitDrafter(r, default_split(r.n_layers) if split is None else split, k, threshold, branch)
+    return EarlyExitDrafter(r, default_split(r.n_layers) if split is None else split, k, threshold, branch,
+                            resolve_vocab(model, tokenizer, vocab))

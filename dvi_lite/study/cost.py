@@ -79,6 +79,18 @@ def verify_cost(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: in
     return {n: t[n] / t[1] for n in ns}
 
 
+def calibrate(model, tok, prompts: list[dict], max_new_tokens: int,
+              repeats: int = 5) -> tuple[dict[int, float], int]:
+    """({n: v(n)}, context): the verify-cost table measured at the prompts' mean length + half the new tokens
+    (the mean cache length while decoding), within the model's positions. What the bench runs first."""
+    from dvi_lite.core.generate import prompt_ids
+
+    lens = [len(prompt_ids(tok, r["prompt"])) for r in prompts]
+    limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    ctx = max(0, min(round(statistics.mean(lens)) + max_new_tokens // 2 if lens else 0, limit - max(NS)))
+    return verify_cost(model, NS, ctx, repeats), ctx
+
+
 def v_of(table: Mapping, n: float) -> float:
     """v at any n >= 1 from a measured table {n: v(n)} (keys may be strings, as read back from JSON):
     linear between measured points, flat below the smallest, extended along the last segment above the
@@ -97,17 +109,20 @@ def v_of(table: Mapping, n: float) -> float:
     return v1 + (v1 - v0) * (n - n1) / (n1 - n0)
 
 
-def predicted_speedup(tau: float, k: float, c: float, v: Mapping | Callable[[float], float]) -> float:
+def predicted_speedup(tau: float, k: float, c: float, v: Mapping | Callable[[float], float],
+                      nodes: float | None = None) -> float:
     """tau / (v(K + 1) + K * c): tokens per step over the step's cost in AR forwards.
 
-    tau: mean tokens per target forward (accepted + the bonus/correction token); k: draft tokens verified
-    per step (a tree: its nodes); c: one draft token's cost relative to a 1-token target forward;
-    v: the measured table {n: v(n)} or a function of n.
+    tau: mean tokens per target forward (accepted + the bonus/correction token); k: draft depth per step
+    (draft forwards); c: one draft forward's cost relative to a 1-token target forward; v: the measured
+    table {n: v(n)} or a function of n; nodes: draft tokens verified per step when that differs from k
+    (a tree verifies all its nodes in one forward, v(nodes + 1), but drafts them in k forwards).
     """
     check_real("tau (tokens per step)", tau, 1)
     check_real("k (draft tokens per step)", k, 0)
     check_real("c (draft cost per token)", c, 0)
-    cost = v(k + 1) if callable(v) else v_of(v, k + 1)
+    n = k + 1 if nodes is None else check_real("nodes (draft tokens verified per step)", nodes, 0) + 1
+    cost = v(n) if callable(v) else v_of(v, n)
     return tau / (cost + k * c)
 
 

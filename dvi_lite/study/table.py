@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dvi_lite.core.checks import default_split
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.models.loading import DRAFT_MODEL
 from dvi_lite.study.bench import bench
@@ -67,28 +66,10 @@ def _count(module) -> int:
 
 
 def extra_params(model, method: str, options: dict | None = None) -> int:
-    """Parameters a method adds on top of the target (0 for AR, HF and Draft & Verify)."""
-    options = options or {}
-    if method in ("sps", "hf_assisted"):
-        from dvi_lite.methods.sps import resolve_draft
+    """Parameters a method adds on top of the target: every module it really holds (methods.params)."""
+    from dvi_lite.methods.params import added_parameters
 
-        return _count(resolve_draft(model, options.get("draft_model")))
-    if method == "kangaroo":
-        from dvi_lite.methods.kangaroo.drafter import load_adapter
-
-        split = options.get("split")
-        split = default_split(model.config.num_hidden_layers) if split is None else split
-        return _count(load_adapter(model, split, options.get("adapter")))
-    if method == "medusa":
-        from dvi_lite.methods.medusa.heads import load_heads
-
-        return _count(load_heads(model, options.get("heads")))
-    if method == "dvi":
-        from dvi_lite.methods.dvi.policy import load_policy
-
-        pol = load_policy(model, options.get("state"), options.get("split"))
-        return sum(p.numel() for n, p in pol.named_parameters() if "lora_S" in n or p.requires_grad)
-    return 0
+    return added_parameters(model, method, None, **(options or {}))
 
 
 def memory(model, method: str, options: dict, positions: int) -> dict:

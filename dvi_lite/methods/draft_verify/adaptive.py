@@ -1,8 +1,9 @@
 """Draft & Verify's adaptive draft-exiting: a threshold on the draft's confidence that follows acceptance.
 
-Drafting stops when the draft's top-1 probability falls below gamma. A fixed gamma is right for one
-prompt and wrong for the next; the paper's feedback rule moves gamma after every verification so
-that the running acceptance rate tracks a target alpha. Model-independent: tests simulate it.
+Drafting stops after the first draft token whose top-1 probability falls below gamma. A fixed gamma is
+right for one prompt and wrong for the next; the authors' feedback rule moves gamma after every
+verification so that a running acceptance rate (accepted / drafted) tracks a target. Whether that beats
+a well-chosen fixed gamma is an empirical question per model. Model-independent: tests simulate it.
 """
 from __future__ import annotations
 
@@ -12,29 +13,30 @@ from dvi_lite.core.checks import check_prob, check_real, is_real
 
 
 class AdaptiveThreshold:
-    """Draft & Verify's adaptive draft-exiting: stop drafting when the draft's top probability < gamma,
-    and move gamma after each verification so the running acceptance rate AR tracks target_alpha.
+    """Draft & Verify's adaptive draft-exiting, as in the authors' code: stop drafting after the first draft
+    token whose top-1 probability is < gamma, and move gamma after each verification.
 
-    Update after verification step e, with AR_e = accepted / drafted_tested:
+    Update after verification e, with the authors' matchness AR_e = accepted / drafted
+    (`(max_matched - 1) / drafted_n_tokens` in their decoding.py: every drafted token counts, also those
+    after the first rejection, which were never tested):
         AR      <- beta1 * AR + (1 - beta1) * AR_e
         gamma~  =  gamma + eps  if AR < target_alpha  else  gamma - eps
-        gamma   <- beta2 * gamma + (1 - beta2) * gamma~          (then clamped to [0, 1])
-    A higher gamma exits earlier, so drafts are shorter and more of them are accepted: AR rises with
-    gamma, which is what makes this negative feedback converge (AR too low -> raise gamma). The rule
-    uses only the sign of AR - alpha, so with noisy per-step rates it settles where AR is below alpha
-    half of the time: AR's median, not its mean, tracks alpha (tests/test_skip_search.py simulates it).
+        gamma   <- beta2 * gamma + (1 - beta2) * gamma~          (then clamped to [0, 1]; theirs is not)
+    and gamma~ = gamma (held) when AR >= target_alpha but the draft ran to its maximum length k: the
+    threshold did not end that draft, so lowering it would not lengthen drafts (`reached_max=True`).
+    A higher gamma exits earlier, so drafts are shorter and a larger share of them is accepted: AR rises
+    with gamma, which makes this negative feedback settle. The rule reads only the sign of AR - alpha,
+    so with noisy per-step rates AR's median, not its mean, settles near alpha (tests/test_skip_search.py
+    simulates it). AR here is the authors' accepted / drafted, not the engine's per-token alpha
+    (accepted / tested), so its target is not comparable with a measured alpha.
+
+    Defaults, from the authors' code (`auto_parameters=[1, 0.5, 0.9, 1e-2, 0.9]` = update every
+    verification, beta1, alpha, eps, beta2; `th_stop_draft=0.8`; running matchness starts at 0): beta1 = 0.5,
+    target_alpha = 0.9, eps = 0.01, beta2 = 0.9, gamma0 = 0.8, ar0 = 0. The paper writes the test as
+    AR <= alpha; the code (and this class) uses AR < alpha, a difference only at exact equality. State
+    is reset per generation (`reset`), as their threshold is a per-call argument.
     The drafter (`DraftVerifyDrafter`) asks `should_stop` at every draft token and calls `update` after
     every verification.
-
-    Defaults, from the authors' code release (decoding.py, `auto_parameters=[1, 0.5, 0.9, 1e-2, 0.9]`
-    = update every verification, beta1, alpha, eps, beta2; initial threshold `th_stop_draft=0.8` for
-    exact greedy decoding, 0.5 in their sampling variant; running rate starts at 0): beta1 = 0.5,
-    target_alpha = 0.9, eps = 0.01, beta2 = 0.9, gamma0 = 0.8, ar0 = 0. The paper writes the test as
-    AR <= alpha; the code (and this class) uses AR < alpha, a difference only at exact equality.
-    The code also holds gamma (gamma~ = gamma) when AR >= alpha but the draft already ran to its
-    maximum length: the threshold did not end that draft, so lowering it would only drift gamma
-    down without lengthening drafts. Pass reached_max=True to `update` for that rule (it only
-    suppresses decreases, so it biases AR somewhat above alpha).
     """
 
     def __init__(self, target_alpha: float = 0.9, beta1: float = 0.5, beta2: float = 0.9, eps: float = 0.01,
@@ -60,20 +62,20 @@ class AdaptiveThreshold:
         """Stop drafting: the draft's top-1 probability (its confidence) is below the threshold gamma."""
         return float(prob) < self.gamma
 
-    def update(self, accepted: int, drafted_tested: int, reached_max: bool = False) -> float:
-        """Feed one verification (accepted of drafted_tested draft tokens); returns the new gamma.
+    def update(self, accepted: int, drafted: int, reached_max: bool = False) -> float:
+        """Feed one verification (accepted of `drafted` draft tokens); returns the new gamma.
 
-        drafted_tested == 0 (nothing was drafted, so nothing verified) carries no acceptance
-        information: the state is left unchanged and nothing is traced.
+        drafted == 0 (nothing was drafted, so nothing verified) carries no acceptance information: the
+        state is left unchanged and nothing is traced. reached_max: the draft ran to its maximum length.
         """
-        for name, v in (("accepted", accepted), ("drafted_tested", drafted_tested)):
+        for name, v in (("accepted", accepted), ("drafted", drafted)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-        if accepted > drafted_tested:
-            raise ValueError(f"accepted ({accepted}) cannot exceed drafted_tested ({drafted_tested})")
-        if drafted_tested == 0:
+        if accepted > drafted:
+            raise ValueError(f"accepted ({accepted}) cannot exceed drafted ({drafted})")
+        if drafted == 0:
             return self.gamma
-        ar_e = accepted / drafted_tested
+        ar_e = accepted / drafted
         self.ar = self.beta1 * self.ar + (1.0 - self.beta1) * ar_e
         if self.ar < self.target_alpha:
             target = self.gamma + self.eps

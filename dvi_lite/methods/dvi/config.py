@@ -25,7 +25,9 @@ class DVIConfig:
     # fast update (draft, policy improvement)
     tau: float = 200.0  # time constant of lambda_t = exp(-t / tau), in fast steps: KL-dominated warm-up length
     kl_floor: float = 0.05  # lambda never drops below this: a residual KL keeps the draft near the verifier
-    rl_variant: str = "surrogate"  # "surrogate": -log q(top1 of p), low variance; "reinforce": -(r - b) log q(token)
+    # the policy term: "reinforce" (the paper's: reward-driven, -(r - b) log q(token) on the accept bits, EMA
+    # baseline b) or "surrogate" (-log q(top1 of p): online distillation, never reads the reward)
+    rl_variant: str = "reinforce"
     ce_weight: float = 0.2  # weight of the CE anchor on the verifier's top-1 (dense signal from step 1)
     ce_decay: float = 1.0  # anchor weight is ce_weight * ce_decay**t; 1.0 = constant (no decay)
     baseline_beta: float = 0.9  # EMA factor of the REINFORCE baseline b (higher = slower, smoother)

@@ -2,7 +2,11 @@
 
 The drafter is Kangaroo's split (layers [0, k) draft, [k, L) verify, the shallow KV cache and hidden
 states are shared) with the DVI policy as the head. With `collect=True` it also records what the
-verifier said about each draft token: the experiences the online learner trains on.
+verifier said about each draft token: the experiences the online learner trains on. Drafting stops after
+the first token whose top-1 probability is below `threshold` (that token is proposed and tested, as in
+DVI's `spec_decode`). `vocab`: a trimmed draft head over the N most frequent tokens (models.vocab): the
+policy's exit features go through the selected rows only (q = 0 off the map); verification keeps the
+model's full head, so decoding stays lossless.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.policy import DVIPolicy, load_policy
 from dvi_lite.methods.early_exit import EarlyExitDrafter
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 
 class DVIDrafter(EarlyExitDrafter):
@@ -33,14 +38,21 @@ class DVIDrafter(EarlyExitDrafter):
     name = "dvi"
 
     def __init__(self, runner: Runner, policy: DVIPolicy, k: int = 6, threshold: float | None = None,
-                 collect: bool = False):
-        super().__init__(runner, policy.split, k, threshold, 1)  # a chain (branch 1): one experience per draft
+                 collect: bool = False, vocab: TrimmedHead | None = None):
+        super().__init__(runner, policy.split, k, threshold, 1, vocab)  # a chain (branch 1): one experience per draft
         self.policy = policy
         self.collect = collect
         self._pending: list[tuple[torch.Tensor, ...]] = []
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
+        if self.vocab is None:
+            return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
+        small = self.vocab.small(self.policy.features(h)).float() * self.policy.logit_scale  # (1, n, N)
+        return self.vocab.expand(small.to(self.runner.lm_head.weight.dtype))  # (1, n, V), -inf off the map
+
+    def extra_params(self) -> int:
+        """Values DVI adds to the target: the whole policy (exit MLP copy incl. its frozen weights) + a trimmed head."""
+        return self.policy.extra_params() + super().extra_params()
 
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
         if not self.collect:
@@ -62,12 +74,13 @@ class DVIDrafter(EarlyExitDrafter):
 
 
 def make_drafter(model, tokenizer, split: int | None = None, state: str | Path | DVIPolicy | None = None,
-                 k: int = 6, threshold: float | None = 0.6, load_verifier: bool = False) -> DVIDrafter:
+                 k: int = 6, threshold: float | None = 0.6, load_verifier: bool = False, vocab=None) -> DVIDrafter:
     """DVI: the target's first `split` layers + the trained exit head (lora_S) draft, layers [split, L) verify.
 
     state: a dir with policy.pt (None = this model's committed policy), or a DVIPolicy (e.g.
     OnlineTrainer.policy). split=None: the policy's own exit layer; a given split must match it.
     Greedy output equals plain greedy decoding of the model (lora_D, if loaded, is part of the model).
+    vocab: a trimmed draft head (models.vocab.resolve_vocab: None = full, an int N, a saved map's path).
     """
     r = Runner.for_model(model)
     if split is not None:
@@ -78,7 +91,7 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
         policy = state
     else:
         policy = load_policy(model, state, split, load_verifier)
-    return DVIDrafter(r, policy, k, threshold)
+    return DVIDrafter(r, policy, k, threshold, vocab=resolve_vocab(model, tokenizer, vocab))
 
 
 def evaluate(model, tokenizer, prompts: Sequence[str | Sequence[int]], state: str | Path | DVIPolicy | None = None,

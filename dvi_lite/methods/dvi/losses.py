@@ -6,8 +6,13 @@ Notation: p = target / verifier distribution, q = pi = draft distribution. Losse
   * lambda_schedule / lambda_curve: the KL weight lambda_t = max(kl_floor, exp(-t / tau)).
   * Fast update (the draft, every `fast_every` experiences):
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
-    where L_RL is REINFORCE on the accept bit, -(r - b) log q(token), or its low-variance surrogate
-    -log q(top1(p)).
+    where L_RL is (default, the paper's) the policy-gradient term on the accept bit, -(r - b) log q(token)
+    with an EMA baseline b, or (rl_variant="surrogate") -log q(top1(p)), which never reads the reward:
+    with it DVI is online distillation.
+  * What the policy-gradient term is, as run: a biased, greedy-action policy-gradient surrogate, not an
+    unbiased REINFORCE estimate of grad E[r]. The drafted token is the argmax of q (greedy drafting), not a
+    sample of q, and the replay buffer re-uses tokens drafted by older policies without importance weights.
+    It still points the right way: an accepted argmax (r = 1 > b) gains probability, a rejected one loses it.
   * Slow update (the verifier, every `slow_every` fast steps):
         L = CE(pi_phi, ground truth) + beta_kl * KL(pi_phi || pi_phi_old)
   * EMABaseline: b for REINFORCE's variance reduction.
@@ -82,11 +87,13 @@ def kl_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor,
 
 def reinforce_loss(student_logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Tensor,
                    baseline: float | torch.Tensor) -> torch.Tensor:
-    """REINFORCE on the accept bit: mean of -(r - b) * log pi(token).
+    """The REINFORCE form on the accept bit: mean of -(r - b) * log pi(token).
 
-    Its gradient is an unbiased estimate of -grad E[r] (the baseline b only cuts variance): tokens
-    accepted more often than usual (r > b) get their log-prob pushed up, rejected ones (r < b) down.
-    The advantage r - b is a constant (no gradient). The tokens are the ones the draft proposed.
+    Tokens accepted more often than usual (r > b) get their log-prob pushed up, rejected ones (r < b) down;
+    the advantage r - b is a constant (no gradient). Only if `tokens` were sampled from the current pi
+    would this be an unbiased estimate of -grad E[r] (b only cuts variance). In DVI's loop they are not:
+    drafts are greedy (the argmax of pi) and replayed experiences come from older policies with no
+    importance weights, so as run it is a biased, greedy-action policy-gradient surrogate.
     """
     logq = F.log_softmax(_rows(student_logits), dim=-1)  # (N, V)
     logq_tok = logq.gather(-1, tokens.reshape(-1, 1).long()).squeeze(-1)  # (N,)
@@ -121,6 +128,9 @@ def fast_loss(batch: dict[str, torch.Tensor], cfg: DVIConfig, step: int,
     """The draft's loss at fast step `step`:
 
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
+
+    L_RL reads the rewards with rl_variant="reinforce" (the default, the paper's objective); with
+    "surrogate" it is -log q(top1(p)) and the loss does not depend on the rewards at all.
 
     batch: "student_logits" (B, V) computed by the caller from the stored h_k (with grad),
     "teacher_logits" (B, V), "tokens" (B,) the drafted tokens, "rewards" (B,) the accept bits
@@ -169,10 +179,11 @@ def slow_loss(logits: torch.Tensor, old_logits: torch.Tensor, targets: torch.Ten
 
 
 class EMABaseline:
-    """b <- beta * b + (1 - beta) * mean(r): the running accept rate, REINFORCE's baseline.
+    """b <- beta * b + (1 - beta) * mean(r): the running accept rate, the policy-gradient term's baseline.
 
-    Subtracting b keeps the gradient unbiased and centres the advantage: with acceptance at 80%, an
-    accept is only mildly good news and a reject is strong bad news.
+    Subtracting b centres the advantage: with acceptance at 80%, an accept is only mildly good news and a
+    reject is strong bad news. (For on-policy samples a baseline adds no bias; DVI's drafts are greedy and
+    replayed, see the module docstring.)
     """
 
     def __init__(self, beta: float = 0.9, value: float = 0.0):

@@ -10,27 +10,31 @@ The draft policy pi_theta(t | h_k)
                                               lm_head: the model's own, shared and frozen; alpha: a
                                               learnable logit scale, init 1
 
-Design decision: where lora_S lives (losslessness + shallow reuse)
-------------------------------------------------------------------
-The obvious place for the draft's LoRA, the shallow layers [0, k), is the one place it must not be:
-those layers are *shared* with verification, so a LoRA there changes h_k for the verifier too. The
-system would still be lossless, but w.r.t. the LoRA'd model (greedy = greedy of a model that drifts
-every fast step), not the base model. Running the LoRA'd shallow layers into a separate draft cache
-would restore losslessness but give up the shallow reuse (verification recomputes [0, k)), and h_k
-would depend on theta, so a replayed h_k would be stale (replay would need whole contexts).
+Where lora_S lives: the paper's stated design, the reference repo, and this package
+----------------------------------------------------------------------------------
+The paper presents DVI as lossless self-speculation: the draft (the shallow exit) learns online, while
+what the verifier emits does not change. Its reference code puts `lora_draft` on the
+*shallow layers* [0, k) themselves. Those layers are shared with verification, so a LoRA there changes
+h_k for the verifier too: the repo's output is then lossless only w.r.t. the LoRA'd model (greedy =
+greedy of a model that drifts every fast step), not w.r.t. the base model. Running the LoRA'd shallow
+layers into a separate draft cache would restore losslessness but give up the shallow reuse
+(verification recomputes [0, k)), and h_k would depend on theta (a replayed h_k would be stale).
 
-So lora_S lives in a draft-only, position-wise exit block *after* layer k:
+This package keeps the paper's stated property rather than the repo's placement: lora_S lives in a
+draft-only, position-wise exit block *after* layer k:
   (a) lossless w.r.t. the base model: the verifier (layers [0, L) + the final norm + the LM head)
       never runs a lora_S weight; greedy DVI == plain greedy of the base model, at any training step;
   (b) shallow reuse: layers [0, k) are the base model's, so the drafting pass's KV cache and h_k are
       exactly what verification needs (Proposal.hidden, as early_exit / kangaroo);
   (c) peft-managed: lora_S is injected by peft (inject_adapter_in_model, adapter_name="lora_S") into
       the exit block, saved and loaded with get/set_peft_model_state_dict;
-  (d) exact replay: pi_theta depends on h_k only (no attention, no own KV cache), so the buffer's
+  (d) exact replay of h: pi_theta depends on h_k only (no attention, no own KV cache), so the buffer's
       (h_k, token) pairs re-evaluate exactly under the current theta, and there is no "last draft
       token" cache bookkeeping (Kangaroo's adapter cache) at all; updates between sequences never leave
       a stale cache behind. The price: the head cannot attend (Kangaroo's adapter can).
   (e) zero start: at step 0 the draft is exactly the early-exit draft (`method="early_exit"`).
+The cost in memory: the exit block holds a full copy of layer k's MLP (3 * D * I values, frozen, the
+down projection zero) besides the trainable LoRA; `DVIPolicy.extra_params` counts all of it.
 
 lora_D (slow updates) is OFF by default. Enabling it injects a LoRA into the model's deep layers
 [k, L) *in place* (peft, adapter_name="lora_D", zero-initialised so nothing changes until trained);
@@ -144,6 +148,12 @@ class DVIPolicy(nn.Module):
         x = self.features(h).to(head.weight.dtype)
         bias = None if head.bias is None else head.bias.detach()
         return F.linear(x, head.weight.detach(), bias).float() * self.logit_scale  # the head never trains here
+
+    def extra_params(self) -> int:
+        """Parameters this policy adds to the target: every one it holds, trainable or not -- the exit MLP
+        copy (gate, up, down: 3 * D * I, frozen), lora_S, the two norm copies and alpha. The LM head is the
+        model's own and is not counted."""
+        return sum(p.numel() for p in self.parameters())
 
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -3,7 +3,9 @@
 The draft is the target's own first s = `split` layers + an adapter (one attention layer between two
 RMSNorms) + the target's LM head: q = softmax(lm_head(adapter(h_s))). Verification runs only layers
 [s, L) on the states drafting already computed (EarlyExitDrafter + the engine's Proposal.hidden). The
-second early exit stops drafting once the draft's top-1 probability falls below eta. An adapter is
+second early exit stops drafting after the first token whose top-1 probability falls below eta (that
+token is still proposed, as in Kangaroo's inference code). `vocab`: a trimmed draft head over the N most
+frequent tokens (models.vocab; verification keeps the full head, so still lossless). An adapter is
 trained for one exit layer: its file is per split (data/kangaroo/adapter_k<split>.pt), and the default
 split is core.checks.default_split, as for every self-speculative method.
 
@@ -28,6 +30,7 @@ from dvi_lite.core.kvcache import KVCache, kv_shape
 from dvi_lite.core.runner import Runner, chain_mask
 from dvi_lite.methods.early_exit import EarlyExitDrafter
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import DATA_DIR
 
 ADAPTER_DIR = DATA_DIR / "kangaroo"
@@ -61,6 +64,10 @@ class KangarooAdapter(nn.Module):
         a, _ = self.attn(hidden_states=self.in_norm(h), position_embeddings=position_embeddings,
                          attention_mask=mask, past_key_values=cache)
         return self.out_norm(h + a)
+
+    def extra_params(self) -> int:
+        """Parameters the adapter adds to the target: its attention (q, k, v, o) and its two RMSNorms."""
+        return sum(p.numel() for p in self.parameters())
 
 
 def adapter_path(split: int, root: Path = ADAPTER_DIR) -> Path:
@@ -104,8 +111,8 @@ class KangarooDrafter(EarlyExitDrafter):
     name = "kangaroo"
 
     def __init__(self, runner: Runner, adapter: KangarooAdapter, k: int = 6, threshold: float | None = 0.6,
-                 branch: int = 1):
-        super().__init__(runner, adapter.split, k, threshold, branch)
+                 branch: int = 1, vocab: TrimmedHead | None = None):
+        super().__init__(runner, adapter.split, k, threshold, branch, vocab)
         self.adapter = adapter
         self.capture_layer = adapter.split
 
@@ -119,7 +126,10 @@ class KangarooDrafter(EarlyExitDrafter):
         past = len(self.cache)
         pos = (past + torch.arange(x.shape[1], device=x.device))[None]
         out = self.adapter(x, self.runner.rotary(x, pos), self.cache, chain_mask(x.shape[1], past, x.device))
-        return self.runner.lm_head(out[:, -1:])
+        return self.head_logits(out[:, -1:])
+
+    def extra_params(self) -> int:
+        return self.adapter.extra_params() + super().extra_params()
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
@@ -138,11 +148,12 @@ class KangarooDrafter(EarlyExitDrafter):
 
 
 def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = 0.6,
-                 adapter: KangarooAdapter | str | Path | None = None, branch: int = 1) -> KangarooDrafter:
+                 adapter: KangarooAdapter | str | Path | None = None, branch: int = 1, vocab=None) -> KangarooDrafter:
     """Kangaroo: exit at layer `split`, adapter + shared head drafts, stop below top-1 prob `threshold`;
     branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass).
 
-    split=None: a given adapter object's own exit layer, else core.checks.default_split.
+    split=None: a given adapter object's own exit layer, else core.checks.default_split. vocab: a trimmed
+    draft head (models.vocab.resolve_vocab: None = full, an int N, a saved map's path).
     """
     r = Runner.for_model(model)
     if split is None:
@@ -152,4 +163,4 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
         adapter = load_adapter(model, split, adapter)
     elif adapter.split != split:
         raise ValueError(f"split {split}: the given Kangaroo adapter was trained for exit layer {adapter.split}")
-    return KangarooDrafter(r, adapter, k, threshold, branch)
+    return KangarooDrafter(r, adapter, k, threshold, branch, resolve_vocab(model, tokenizer, vocab))

@@ -7,18 +7,22 @@ proposes the tokens of tree depth d: head 0 the children of the pending token, h
 
 The candidates are deterministic given the context, so under sampling they are verified as point masses
 (a Proposal with q = None), which keeps the output law exactly p. Medusa's lossy "typical acceptance"
-is not offered: verification applies one rule per sampler (greedy match or lossless rejection), and a
-drafter cannot choose another.
+(typical.py) is an explicit opt-in, acceptance="typical": its proposals carry their own rule
+(Proposal.accept), and the output then no longer follows p.
+
+attention="triton" verifies the trees with the Triton tree-attention kernel (tree_attention.py) instead
+of a dense mask + sdpa: the proposals name that runner (Proposal.runner); the loop stays the one loop.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from dvi_lite.core.checks import check_int, check_prob
+from dvi_lite.core.checks import check_choice, check_int, check_prob, check_real
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner, tree_depths
 from dvi_lite.methods.medusa.heads import TRAIN_COMMAND, MedusaHeads, load_heads
@@ -37,6 +41,7 @@ from dvi_lite.methods.medusa.trees import (
     sparse_tree,
     validate_tree_args,
 )
+from dvi_lite.methods.medusa.typical import ACCEPTANCE, TYPICAL_DELTA, TYPICAL_EPSILON, typical_accept
 from dvi_lite.models.artifacts import fingerprint
 
 DEFAULT_MAX_NODES = 16  # the node budget of a pruned or sparse tree when none is given
@@ -64,6 +69,8 @@ class MedusaDrafter(Drafter):
     """Heads on the state that predicted the pending token -> a candidate tree -> one verify pass.
 
     k: heads used (draft tokens along a path; None = every head); branch: candidates per head.
+    acceptance: "exact" (lossless) or "typical" (Medusa's lossy rule when sampling, with typical_epsilon
+    and typical_delta; typical.py). The runner's attention backend ("sdpa" or "triton") verifies the trees.
     log: one dict per step (tree_size, depth, accepted, head_accepted[d] = depth d accepted, ranks of
     the accepted nodes) for the notebook's plots; `summary()` aggregates it.
     """
@@ -72,8 +79,13 @@ class MedusaDrafter(Drafter):
     def __init__(self, runner: Runner, heads: MedusaHeads, k: int | None = None, branch: int = 4,
                  tree: str | Sequence[Sequence[int]] = "pruned", threshold: float | None = None,
                  max_nodes: int | None = None, prune: str = "confidence",
-                 accuracies: Sequence[Sequence[float]] | None = None):
+                 accuracies: Sequence[Sequence[float]] | None = None, acceptance: str = "exact",
+                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA):
         self.runner, self.heads = runner, heads
+        self.acceptance = check_choice("acceptance", acceptance, ACCEPTANCE)
+        self.typical_epsilon = check_prob("typical_epsilon", typical_epsilon)
+        self.typical_delta = check_real("typical_delta", typical_delta, 0.0)
+        self.verifier = runner if runner.attention != "sdpa" else None  # Proposal.runner: None = the engine's
         if not isinstance(heads, MedusaHeads):
             raise ValueError(f"heads must be MedusaHeads, a path or None, got {type(heads).__name__}")
         if heads.model_fingerprint != fingerprint(runner.model):
@@ -159,7 +171,12 @@ class MedusaDrafter(Drafter):
         self._tree = tree
         if len(tree) == 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=dev))
-        return Proposal(tree.tokens, None, tree.parents)  # q = None: greedy, or point masses when sampling
+        accept = None  # the engine's exact rule
+        if self.acceptance == "typical" and not state.sampler.greedy:
+            accept = functools.partial(typical_accept, tree.tokens, tree.parents, self.typical_epsilon,
+                                       self.typical_delta)
+        # q = None: greedy, or point masses when sampling
+        return Proposal(tree.tokens, None, tree.parents, runner=self.verifier, accept=accept)
 
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
         self.h = outcome.hidden[:, -1:]  # the state at the last accepted token: it predicted next_token
@@ -199,14 +216,18 @@ def medusa_summary(log: list[dict], k: int, branch: int) -> dict:
 
 def make_drafter(model, tokenizer, heads=None, k: int | None = None, branch: int = 4, tree="pruned",
                  threshold: float | None = None, max_nodes: int | None = None, prune: str = "confidence",
-                 accuracies=None) -> MedusaDrafter:
+                 accuracies=None, attention: str = "sdpa", acceptance: str = "exact",
+                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA) -> MedusaDrafter:
     """Medusa heads (None: this model's committed heads) draft a tree of each head's top-`branch` tokens.
 
     tree: 'cartesian' (all combinations), 'pruned' (the best max_nodes by path probability, optional
     threshold, prune = confidence|path|entropy), 'sparse' (fixed, from measured accuracies) or a list of
-    rank paths. Lossless under greedy and sampling. (`branch` is the heads' candidate count; generate()'s
-    own top_k is the sampler's.)
+    rank paths. attention: 'sdpa' (dense tree mask, the reference) or 'triton' (the tree kernel; CUDA, or
+    Triton's interpreter on CPU). Lossless under greedy and sampling with acceptance='exact' (the default);
+    acceptance='typical' is Medusa's lossy rule when sampling. (`branch` is the heads' candidate count;
+    generate()'s own top_k is the sampler's.)
     """
     if heads is None or isinstance(heads, (str, Path)):
         heads = load_heads(model, heads)
-    return MedusaDrafter(Runner.for_model(model), heads, k, branch, tree, threshold, max_nodes, prune, accuracies)
+    return MedusaDrafter(Runner.for_model(model, attention), heads, k, branch, tree, threshold, max_nodes, prune,
+                         accuracies, acceptance, typical_epsilon, typical_delta)

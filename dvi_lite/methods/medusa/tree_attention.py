@@ -7,10 +7,11 @@ never to its siblings or cousins: those are alternative continuations, not conte
 Two implementations with one signature:
 
 * `tree_attention_reference`: the dense (N, P + N) boolean mask of `runner.tree_mask` + sdpa. Obviously
-  right, and what `Runner` does; the mask costs O(N * (P + N)) memory and a host-side loop.
+  right, and what `Runner` does by default; the mask costs O(N * (P + N)) memory and a host-side loop.
 * `tree_attention_triton`: a flash-attention-style Triton kernel that never materialises a mask. It
   streams the past in blocks with an online softmax (every node sees all of it), then the tree keys,
   where "key j is allowed for query i" is decided in registers by walking i's ancestor pointers.
+  `Runner(model, attention="triton")` verifies trees with it (through `triton_kernel_for`).
 
 `tree_attention(..., backend="auto")` picks Triton for CUDA tensors when Triton imports, the reference
 otherwise. Triton is imported lazily, so this module imports without it (and without a GPU); on a CPU the
@@ -21,7 +22,7 @@ interpreted). The GPU check is `python -m dvi_lite tree-attention --check` (tree
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from dvi_lite.core.runner import tree_depths, tree_mask
 
 __all__ = ["validate_parents", "tree_attention", "tree_attention_reference", "tree_attention_triton",
-           "available_backends", "kernel_defined"]
+           "available_backends", "kernel_defined", "triton_kernel_for"]
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -289,11 +290,18 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if "error" in tri:
         raise RuntimeError(f"triton backend unavailable: {tri['error']}")
     par = validate_parents(parents)
-    B, H, Hkv, N, P, D = _check_shapes(q, k_cache, v_cache, k_new, v_new, par)
     if not q.is_cuda and not _interpreting():
         raise RuntimeError("tree_attention_triton needs CUDA tensors (or TRITON_INTERPRET=1 set before the "
                            "first call into dvi_lite.methods.medusa.tree_attention's Triton backend, to run the "
                            "kernel on CPU through Triton's interpreter)")
+    return _launch(q, k_cache, v_cache, k_new, v_new, par, _max_depth(par), scale)
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+            par: torch.Tensor, depth: int, scale: float | None) -> torch.Tensor:
+    """Run the kernel on a validated parent array `par` (N,) whose longest ancestor chain is `depth`."""
+    tri = _load_triton()
+    B, H, Hkv, N, P, D = _check_shapes(q, k_cache, v_cache, k_new, v_new, par)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, N, D)
     if N == 0 or B * H == 0 or D == 0:
         return out
@@ -301,8 +309,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                          for t in (q, k_cache, v_cache, k_new, v_new))
     if P == 0:  # an empty tensor may have no storage; hand the kernel a valid pointer it never reads
         k_cache, v_cache = k_new, v_new
-    par32 = par.to(device=q.device, dtype=torch.int32)
-    depth = _max_depth(par)
+    par32 = par.to(device=q.device, dtype=torch.int32)  # a no-op when the caller prepared it so
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     triton = tri["triton"]
     block_m = min(64, max(16, triton.next_power_of_2(N)))  # tl.dot needs every dim >= 16
@@ -326,6 +333,29 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         num_warps=4, num_stages=2 if wide else 3,
     )
     return out
+
+
+def triton_kernel_for(device: torch.device | str) -> Callable[[torch.Tensor], Callable[..., torch.Tensor]]:
+    """The Triton backend of `Runner(model, attention="triton")`, which names it by a string (the core imports
+    no method module): checks once that the kernel can run on `device`, so a missing triton or GPU is an error
+    when the runner is built, not mid-decoding. Returns `prepare(parents)`: it validates a tree once per
+    forward (validation and the depth need host syncs) and returns the tree's attention function
+    `attend(q, k_cache, v_cache, k_new, v_new, scale) -> (B, H, N, D)`, which every layer then calls."""
+    tri = _load_triton()
+    if "error" in tri:
+        raise RuntimeError(f"attention='triton' needs triton, which does not import here: {tri['error']}")
+    if torch.device(device).type != "cuda" and not tri["interpret"]:
+        raise RuntimeError(f"attention='triton' needs a CUDA model (this one is on {device}); on CPU the kernel runs "
+                           "only in Triton's interpreter, for tests: set TRITON_INTERPRET=1 before the kernel is "
+                           "first defined")
+
+    def prepare(parents: torch.Tensor) -> Callable[..., torch.Tensor]:
+        par = validate_parents(parents)
+        depth = _max_depth(par)
+        par32 = par.to(torch.int32)
+        return lambda q, k_cache, v_cache, k_new, v_new, scale=None: _launch(q, k_cache, v_cache, k_new, v_new,
+                                                                           par32, depth, scale)
+    return prepare
 
 
 # ---------------------------------------------------------------------------------------- dispatch

@@ -1,0 +1,96 @@
+"""Every method under sampling, through dvi_lite.generate: the output law equals the target's.
+
+One case per method and drafter shape (chains, and the trees of kangaroo and of each Medusa tree builder),
+on the vocabulary-8 target whose law is enumerated exactly (helpers.exact_conditionals). The samplers
+rotate so that T = 0.7 and T = 1.0, top-k and top-p are each tested on a chain and on a tree. Drafts
+are K = 3 deep and max_new_tokens = 5, so the first step verifies a 3-token chain (or a 3-deep tree)
+and the check tests t2 | t1, t3 | t1, t2 and t4 | t1..t3: every position a verifier decides at depth
+1, 2 and 3. Each case asserts that a step accepted 3 drafts in a row (pld: that 3-token drafts were
+verified; its copies are accepted too rarely on a random model for a run of 3).
+
+Draws: helpers.lossless_draws() per case (the power calculation in helpers.py), seeds 0..N-1.
+The trained pieces are small and cheap, untrained or briefly trained, but each gets drafts accepted:
+a Kangaroo adapter initialised from layer 1 (KangarooAdapter starts from the first deep layer's
+attention), Medusa heads perturbed off the identity (seed 0), and a DVI policy trained for a few fast
+steps on the model itself (seed 0).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import PROMPT8, assert_lossless_sampling
+
+from dvi_lite.core.runner import Skip
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.learner import OnlineTrainer
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+from dvi_lite.methods.medusa.heads import MedusaHeads
+
+NEW = 5  # t1 from the prefill, then a first step that drafts K = min(k, NEW - 2) = 3
+K = 3
+SAMPLERS = {"T1": dict(temperature=1.0), "T0.7": dict(temperature=0.7),
+            "topk": dict(temperature=1.0, top_k=4), "topp": dict(temperature=0.7, top_p=0.8)}
+PLD_PROMPT = [5, 1, 2, 6, 3, 5, 1]  # repeats, so that prompt lookup finds 3-token continuations to copy
+ACC = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies for the sparse tree
+
+
+def perturbed_heads(model, num_heads: int = 3, seed: int = 0, scale: float = 0.3) -> MedusaHeads:
+    """Heads between the model's next-token head (their identity start) and noise: trees get partly accepted."""
+    heads = MedusaHeads(model, num_heads).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g))
+    return heads
+
+
+@pytest.fixture(scope="module")
+def dvi_model(target8):
+    """A copy of target8 with a DVI policy trained for 4 fast steps on it (the trainer leaves the model as is)."""
+    model = copy.deepcopy(target8)
+    prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
+    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
+    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=K, temperature=1.0, progress=False)
+    tr.train(4)
+    assert tr.fast_step == 4
+    return model, tr.policy
+
+
+# case -> (method, sampler, options, the chain check: ("run", 3) = a step accepted 3 drafts, ("depth", 3))
+CASES = {
+    "ar": ("ar", "topk", {}, None),
+    "sps": ("sps", "T0.7", {"draft_model": "draft8", "k": K}, ("run", 3)),
+    "pld": ("pld", "T1", {"k": K, "max_ngram": 2}, ("depth", 3)),
+    "early_exit": ("early_exit", "topp", {"split": 1, "k": K}, ("run", 3)),
+    "kangaroo_chain": ("kangaroo", "T1", {"adapter": "adapter", "k": K, "threshold": None}, ("run", 3)),
+    "kangaroo_tree": ("kangaroo", "T0.7", {"adapter": "adapter", "k": K, "threshold": None, "branch": 2}, ("run", 3)),
+    "draft_verify": ("draft_verify", "topk", {"skip": Skip(mlp=frozenset({1})), "k": K, "threshold": None,
+                                              "adaptive": False}, ("run", 3)),
+    "medusa_cartesian": ("medusa", "topp", {"heads": "heads", "k": K, "branch": 2, "tree": "cartesian"}, ("run", 3)),
+    "medusa_pruned": ("medusa", "T1", {"heads": "heads", "k": K, "branch": 3, "tree": "pruned", "max_nodes": 8},
+                      ("run", 3)),
+    "medusa_sparse": ("medusa", "topk", {"heads": "heads", "k": K, "branch": 3, "tree": "sparse", "accuracies": ACC,
+                                         "max_nodes": 8}, ("run", 3)),
+    "dvi": ("dvi", "T0.7", {"state": "policy", "k": K, "threshold": None}, ("run", 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, request):
+    method, sampler, opts, chain = CASES[case]
+    model = target8
+    pieces = {"draft8": draft8}
+    if method == "kangaroo":
+        pieces["adapter"] = KangarooAdapter(target8, 1).eval()
+    if method == "medusa":
+        pieces["heads"] = perturbed_heads(target8)
+    if method == "dvi":
+        model, pieces["policy"] = request.getfixturevalue("dvi_model")
+    kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
+    need = {} if chain is None else {"min_run" if chain[0] == "run" else "min_depth": chain[1]}
+    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, drafts=chain is not None,
+                                   prompt=PLD_PROMPT if method == "pld" else PROMPT8, **SAMPLERS[sampler], **need, **kw)
+    print(rep)
+
