@@ -108,3 +108,39 @@ def test_parity_table_fp32_exact(target, tok, prompts):
     t = sl.parity_table(target, tok, prompts[:2], new_tokens=6, k=2, dtypes=("float32",))
     assert t["rows"][0]["dtype"] == "float32" and t["rows"][0]["positions"] == 12
     assert t["rows"][0]["mismatches"] == 0
+
+
+def test_parity_study_reports_near_ties(target, tok, prompts):
+    """Counts, near-ties in bf16 steps and the invariants; prompts may be records, ids or raw text."""
+    from dvi_lite.course import ch01_parity as cp
+
+    recs = [{"prompt": prompts[0]}, prompts[1], "abc"]
+    st = cp.parity_study(target, tok, recs, dtypes=("float32", "bfloat16"), new_tokens=5, k=2, max_examples=3)
+    assert [r["dtype"] for r in st["rows"]] == ["float32", "bfloat16"]
+    for r in st["rows"]:
+        name = r["dtype"]
+        assert r["positions"] == 15 and len(st["gap_steps"][name]) == 15
+        assert len(st["flip_steps"][name]) == r["mismatches"]
+        assert r["nearest_gap_steps"] == min(st["gap_steps"][name])
+        assert [t["below_steps"] for t in st["ties"][name]] == list(cp.TIE_STEPS)
+    assert st["rows"][0]["mismatches"] == 0
+    near = [e for e in st["nearest"] if e["dtype"] == "float32"]
+    assert len(near) == 3 and near == sorted(near, key=lambda e: e["gap"])
+    e = near[0]
+    assert e["decode_gap"] == pytest.approx(e["gap"]) and e["gap_steps"] == pytest.approx(e["gap"] / e["bf16_step"])
+    assert len(e["tokens"]) == 2
+    assert "0 flips in fp32" in cp.check_invariants(st)[0]
+    bad = {**st, "rows": [{**st["rows"][0], "mismatches": 1}, st["rows"][1]],
+           "flip_steps": {**st["flip_steps"], "float32": [0.1]}}
+    with pytest.raises(AssertionError, match="fp32 verify flipped 1"):
+        cp.check_invariants(bad)
+
+
+def test_bf16_step_and_tie_profile():
+    from dvi_lite.course import ch01_parity as cp
+
+    assert cp.bf16_step(1.0) == 2 ** -7 and cp.bf16_step(-3.0) == 2 ** -6 and cp.bf16_step(0.0) == 0.0
+    rep = cp.ParityReport("bfloat16", positions=4, mismatches=1, gap_steps=[0.2, 1.5, 3.0, 40.0], flip_steps=[1.5])
+    prof = cp.tie_profile(rep, steps=(1, 2, 100))
+    assert prof == [{"below_steps": 1, "positions": 1, "flips": 0}, {"below_steps": 2, "positions": 2, "flips": 1},
+                    {"below_steps": 100, "positions": 4, "flips": 1}]

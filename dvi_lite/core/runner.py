@@ -14,7 +14,6 @@ computes q, k, v, the rotary embedding and the output projection. Chains use sdp
 from __future__ import annotations
 
 import importlib
-import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator

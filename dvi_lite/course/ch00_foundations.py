@@ -85,12 +85,12 @@ def regime_table(vs: dict[str, dict], alpha: float, c: float, ks: list[int]) -> 
 
 
 def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: dict, ar_equal: int,
-                     n_prompts: int, res: dict, exact: bool, memory_bound: str | None = None,
+                     n_prompts: int, benches: dict[str, dict], exact: bool, memory_bound: str | None = None,
                      compute_bound: str | None = None) -> list[str]:
     """Notebook 00's claims: every v(n) table starts at v(1) = 1 with positive entries, the bandwidth and every
     roofline figure are positive, AR equals HF generate on every prompt (when `exact`: an fp32 model), both
-    baselines were benched, and (given the two names) the memory-bound model's v at the largest measured n is
-    below the compute-bound one's: its verification is the cheaper one."""
+    baselines were benched on every model ({name: bench result}), and (given the two names) the memory-bound
+    model's v at the largest measured n is below the compute-bound one's: its verification is the cheaper one."""
     for name, v in vs.items():
         v = {int(n): x for n, x in v.items()}
         require(v.get(1) == 1.0, f"{name}: v(1) = {v.get(1)} (must be exactly 1)")
@@ -112,4 +112,4 @@ def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: 
     if exact:
         require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")
         out.append(f"AR == HF generate on all {n_prompts} prompts (fp32)")
-    return out + [check_bench(res, ["ar", "hf"])]
+    return out + [check_bench(res, ["ar", "hf"], name) for name, res in benches.items()]

@@ -81,7 +81,6 @@ def leviathan_speedup(alpha: float, k: float, c: float) -> float:
     return tokens / (k * c + 1)
 
 
-
 GROUP_SUMS = ("n", "new_tokens", "time_s", "steps", "accepted", "drafted")  # per domain / task group and round
 
 
