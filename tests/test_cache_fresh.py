@@ -6,7 +6,7 @@ For every drafter that touches the target's cache or reuses its shallow states: 
 the layers it runs), medusa (the tree gathers of each builder) and sps (the draft's own cache too).
 Greedy and sampling (T = 1.0, seed 0), on the 4-layer model whose deep layers matter, so that runs see
 both acceptances and rejections (asserted), and tree runs take a branch other than the first (a real
-gather, asserted). 30 new tokens per prompt, DEEP_PROMPTS[0] and [3].
+gather, asserted). 20 new tokens per prompt, DEEP_PROMPTS[0] and [3].
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dvi_lite.methods.dvi.policy import DVIPolicy
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 from dvi_lite.methods.medusa.heads import MedusaHeads
 
-NEW = 30
+NEW = 20
 SAMPLERS = {"greedy": Sampler(), "T1": Sampler(temperature=1.0)}
 ACC = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]
 

@@ -2,6 +2,8 @@
 notebook's invariants. Shapes and arithmetic only, never speed: the tiny random Llama of conftest.py."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dvi_lite.core.kvcache import kv_bytes
@@ -54,7 +56,8 @@ def test_regime_table():
 def _args(**kw) -> dict:
     roof = {"course": {"bytes_per_token": 10, "tokens_per_s": 5.0, "achieved_GBps": 1e-7,
                        "intensity_flops_per_byte": 0.5}}
-    args = {"vs": {"course": {1: 1.0, 9: 3.0}, "smol": {"1": 1.0, "9": 1.1}}, "roofline": roof, "bandwidth": BW,
+    vs = {"course": {1: 1.0, 5: 2.0, 9: 3.0, 17: 6.0}, "smol": {"1": 1.0, "5": 1.0, "9": 1.1, "17": 1.5}}
+    args = {"vs": vs, "roofline": roof, "bandwidth": BW,
             "ar_equal": 4, "n_prompts": 4, "benches": {"course": {"ar": ROW, "hf": ROW}}, "exact": True,
             "memory_bound": "smol", "compute_bound": "course"}
     return {**args, **kw}
@@ -62,13 +65,14 @@ def _args(**kw) -> dict:
 
 def test_check_invariants_passes_and_catches():
     lines = f.check_invariants(**_args())
-    assert any("v(9): smol 1.10 < course 3.00" in x for x in lines) and any("AR == HF" in x for x in lines)
+    assert any("n = [5, 9]: smol 1.05 < course 2.50" in x for x in lines) and any("AR == HF" in x for x in lines)
     bad = [({"vs": {"course": {1: 1.1, 9: 3.0}}, "memory_bound": None}, "v(1) = 1.1"),
-           ({"vs": {"course": {1: 1.0, 9: 1.0}, "smol": {1: 1.0, 9: 1.2}}}, "is not below"),
+           ({"vs": {"course": {1: 1.0, 5: 1.0, 9: 1.0}, "smol": {1: 1.0, 5: 1.2, 9: 1.2}}}, "(1.20) is not below"),
+           ({"vs": {"course": {1: 1.0, 17: 3.0}, "smol": {1: 1.0, 17: 1.2}}}, "no shared n in 2..9"),
            ({"ar_equal": 3}, "fp32 AR differs"),
            ({"bandwidth": {**BW, "read_GBps": 0.0}}, "read_GBps"),
            ({"benches": {"course": {"ar": ROW}}}, "no row for ['hf']")]
     for kw, msg in bad:
-        with pytest.raises(AssertionError, match=msg.replace("[", "\\[").replace("]", "\\]").replace("(", "\\(")):
+        with pytest.raises(AssertionError, match=re.escape(msg)):
             f.check_invariants(**_args(**kw))
     assert f.check_invariants(**_args(ar_equal=3, exact=False))  # bf16: AR may differ from HF at near-ties

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-STEPS = 8
+STEPS = 6
 PAUSE = 0.1
 DOCS = 48
 KILL_SEED = 19

@@ -22,6 +22,8 @@ from dvi_lite.models.loading import COURSE_MODEL
 from dvi_lite.study.cost import predicted_speedup, v_of, weight_bytes
 from dvi_lite.study.table import check_bench, finite, require
 
+VERIFY_NS_MAX = 9  # n = K + 1 for the draft lengths the invariant compares (K <= 8)
+
 
 def model_card(path: str | Path | None = None) -> dict:
     """The training card (card.json) of the course model, or {} for a checkpoint without one."""
@@ -90,7 +92,9 @@ def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: 
     """Notebook 00's claims: every v(n) table starts at v(1) = 1 with positive entries, the bandwidth and every
     roofline figure are positive, AR equals HF generate on every prompt (when `exact`: an fp32 model), both
     baselines were benched on every model ({name: bench result}), and (given the two names) the memory-bound
-    model's v at the largest measured n is below the compute-bound one's: its verification is the cheaper one."""
+    model's mean v(n) over the verification sizes of the usual draft lengths (n = 2..9, K = 1..8) is below the
+    compute-bound one's: its verification is the cheaper one. A mean over several n, so that one noisy timing
+    on a shared machine does not decide it."""
     for name, v in vs.items():
         v = {int(n): x for n, x in v.items()}
         require(v.get(1) == 1.0, f"{name}: v(1) = {v.get(1)} (must be exactly 1)")
@@ -105,9 +109,11 @@ def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: 
     out.append(f"roofline: bandwidth and {len(roofline)} models' bytes/token, tokens/s and GB/s all > 0")
     if memory_bound and compute_bound:
         vm, vc = ({int(n): x for n, x in vs[m].items()} for m in (memory_bound, compute_bound))
-        n = max(set(vm) & set(vc))
-        require(vm[n] < vc[n], f"v({n}) of {memory_bound} ({vm[n]:.2f}) is not below {compute_bound}'s ({vc[n]:.2f})")
-        out.append(f"v({n}): {memory_bound} {vm[n]:.2f} < {compute_bound} {vc[n]:.2f}")
+        ns = sorted(n for n in set(vm) & set(vc) if 2 <= n <= VERIFY_NS_MAX)
+        require(bool(ns), f"no shared n in 2..{VERIFY_NS_MAX} to compare {memory_bound} and {compute_bound}")
+        mm, mc = (statistics.mean(v[n] for n in ns) for v in (vm, vc))
+        require(mm < mc, f"mean v(n) over n = {ns}: {memory_bound} ({mm:.2f}) is not below {compute_bound} ({mc:.2f})")
+        out.append(f"mean v(n), n = {ns}: {memory_bound} {mm:.2f} < {compute_bound} {mc:.2f}")
     require(0 <= ar_equal <= n_prompts, f"AR == HF count {ar_equal} out of range 0..{n_prompts}")
     if exact:
         require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")

@@ -170,7 +170,8 @@ def check_invariants(study: dict) -> list[str]:
         require(len(study["flip_steps"][name]) == r["mismatches"], f"{name}: flip gaps do not match the mismatches")
         ties = study["ties"][name]
         require(all(t["flips"] <= t["positions"] <= r["positions"] for t in ties), f"{name}: tie counts {ties}")
-        require(all(a["positions"] <= b["positions"] and a["flips"] <= b["flips"] for a, b in zip(ties, ties[1:])),
+        pairs = zip(ties, ties[1:], strict=False)
+        require(all(a["positions"] <= b["positions"] and a["flips"] <= b["flips"] for a, b in pairs),
                 f"{name}: tie counts do not grow with the threshold: {ties}")
         require(any(e["dtype"] == name for e in study["nearest"]), f"{name}: no near-tie reported")
         if name == "float32":
