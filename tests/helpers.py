@@ -250,9 +250,10 @@ class LosslessReport:
 
     def __str__(self) -> str:
         ps = ", ".join(f"p({k})={v:.3g}" for k, v in self.pvalues.items())
+        fails = "".join(f"\n  FAIL: {p}" for p in self.problems)
         return (f"{self.what}, {self.n} draws (seeds 0..{self.n - 1}): {ps}; probability-0 tokens {self.impossible}; "
                 f"steps accepting {self.accepting_steps}, rejecting {self.rejecting_steps}, longest accepted run "
-                f"{self.max_accepted}, deepest proposal {self.max_depth}" + "".join(f"\n  FAIL: {p}" for p in self.problems))
+                f"{self.max_accepted}, deepest proposal {self.max_depth}{fails}")
 
 
 def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -334,5 +335,6 @@ def assert_cache_equals_fresh(model, cache, tokens: list[int], atol: float = 1e-
         k, v = cache.layer(i)
         fk, fv = fresh.layer(i)
         assert k.shape[2] >= n, f"{where}: layer {i} holds {k.shape[2]} positions, {n} committed"
-        torch.testing.assert_close(k[:, :, :n], fk, atol=atol, rtol=1e-5, msg=lambda m: f"{where} K layer {i}: {m}")
-        torch.testing.assert_close(v[:, :, :n], fv, atol=atol, rtol=1e-5, msg=lambda m: f"{where} V layer {i}: {m}")
+        for name, live, ref in (("K", k, fk), ("V", v, fv)):
+            torch.testing.assert_close(live[:, :, :n], ref, atol=atol, rtol=1e-5,
+                                       msg=lambda m, name=name, i=i: f"{where} {name} layer {i}: {m}")

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import queue
+import random
 import re
 import signal
 import subprocess

@@ -18,10 +18,10 @@ from scipy.stats import chisquare
 
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.engine import acceptance_rate, position_acceptance
-from dvi_lite.core.generate import generate
+from dvi_lite.core.generate import generate, prompt_ids
 from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chain
-from dvi_lite.course.ch01_parity import measure_parity
+from dvi_lite.course.ch01_parity import parity_study
 from dvi_lite.methods.sps import resolve_draft
 from dvi_lite.study.bench import bench, leviathan_speedup
 from dvi_lite.study.table import check_bench, finite, require
@@ -134,8 +134,7 @@ def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float
 # --------------------------------------------------------------------------- the course model
 
 def _ids(tok, prompt) -> list[int]:
-    prompt = prompt["prompt"] if isinstance(prompt, dict) else prompt
-    return list(prompt) if isinstance(prompt, list) else tok(prompt, add_special_tokens=False)["input_ids"]
+    return prompt_ids(tok, prompt["prompt"] if isinstance(prompt, dict) else prompt)
 
 
 def _records(prompts: list) -> list[dict]:
@@ -265,30 +264,11 @@ def compare_with_hf_assisted(model, tok, prompts: list, draft_model=None, k: int
                  temperature, top_p, seed, opts)
 
 
-def _bf16_step(x: float) -> float:
-    """Spacing of bf16 numbers near x (8 significant bits): the size of a near-tie that can flip."""
-    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
-
-
 def parity_table(model, tok, prompts: list, new_tokens: int = 32, k: int = 4,
                  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> dict:
-    """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples."""
-    reps = measure_parity(model, [_ids(tok, p) for p in prompts], dtypes, new_tokens, _check_k(k))
-    rows, examples, nearest = [], [], []
-    for name, rep in reps.items():
-        d = rep.to_dict()
-        rows.append({x: d[x] for x in ("dtype", "positions", "mismatches", "mismatch_rate", "max_abs_diff")})
-        for ex in d["examples"]:
-            examples.append(_describe(ex, name, tok))
-        for ex in d["nearest"]:
-            nearest.append(_describe(ex, name, tok))
-    return {"rows": rows, "examples": examples, "nearest": nearest}
-
-
-def _describe(ex: dict, dtype: str, tok) -> dict:
-    (t1, v1), (t2, v2) = ex["decode_top2"]
-    return {**ex, "dtype": dtype, "tokens": [tok.decode([t1]), tok.decode([t2])], "decode_gap": v1 - v2,
-            "bf16_step": _bf16_step(v1)}
+    """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples
+    (course/ch01_parity.parity_study, the same lesson on any model)."""
+    return parity_study(model, tok, prompts, dtypes, new_tokens, _check_k(k))
 
 
 def check_invariants(exact_err: float, toy_chi: dict, control_chi: dict, hists: dict, alphas: list[dict],
