@@ -190,9 +190,9 @@ def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
 #     w^2 = sum_a p(t1 = a) sum_b (q_a(b) - p_a(b))^2 / p_a(b),
 # and with N draws the statistic is noncentral chi-square with lambda = N w^2. So N draws reject every
 # deviation of size >= W_DESIGN with probability >= POWER at level ALPHA when N >= lambda*(DF) / W_DESIGN^2.
-# W_DESIGN is set below the smallest exact w of the chain negative controls (tests/test_negative_controls.py
-# computes each control's w from the models' exact laws and asserts it is >= W_DESIGN), so the draw count
-# is the one that detects those controls with 99 % power, not a habit.
+# W_DESIGN is set below the smallest exact w of the negative controls, chains and trees (0.27 for "resample
+# from p"; tests/test_negative_controls.py computes each control's w from the models' exact laws and asserts
+# it is >= W_DESIGN), so the draw count is the one that detects those controls with 99 % power.
 ALPHA = 1e-3  # every p-value of the check must exceed it (seeds are fixed, so each case is deterministic)
 POWER = 0.99
 W_DESIGN = 0.25

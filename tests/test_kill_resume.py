@@ -3,14 +3,14 @@ and must end bit-identical (torch.equal on every tensor, equal logs) to an unint
 
 The three trainers run through the one CLI (`dvi_lite.cli.main(["<command>", ...])`) on a tiny 2-layer model
 folder with the course tokenizer, checkpointing after every step. Every run is its own process, forked from
-a driver process (DRIVER, `Zygote`) that imported torch and transformers once (they cost ~7 s of CPU per
-fresh interpreter, three runs per trainer). Before calling the CLI, a run only:
+a driver process (DRIVER, `Zygote`) that imported torch and transformers once (most of a fresh interpreter's
+start-up; there are three runs per trainer). Before calling the CLI, a run only:
   * pauses PAUSE seconds after each checkpoint file is renamed into place, so that the parent sees
     checkpoint N before the run is over (the kill lands in that pause or in the next step, mid-write);
   * for kangaroo-train and medusa-train, supplies what their command lines lack (reported with this
     test): a checkpoint every step instead of every 120 s, the checkpoint folder (they write under the
     repository's build/ckpt), kangaroo's batch size and window length, medusa's evaluation prefixes,
-    and a corpus of the first DOCS documents per split (encoding the whole corpus takes ~15 s a run).
+    and a corpus of the first DOCS documents per split (encoding the whole corpus dwarfs the training).
 `python -m dvi_lite dvi` has all of it as flags and runs unpatched apart from the pause.
 
 The checkpoint to kill after, N in [1, STEPS - 3], and the delay after it come from random.Random seeded
@@ -112,7 +112,7 @@ for line in sys.stdin:
 
 class Zygote:
     """A process that imported torch, transformers and the trainers once; each run is a fork of it (a real,
-    separate process: its own pid, killed with a real SIGKILL), without paying ~7 s of imports per run."""
+    separate process: its own pid, killed with a real SIGKILL), without paying for the imports per run."""
 
     def __init__(self):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
