@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import StubTokenizer, tiny_cfg
+from helpers import StubTokenizer, tiny_cfg
 from test_smollm2 import smollm2_tokenizer
 from transformers import LlamaForCausalLM
 

@@ -15,8 +15,9 @@ def parser() -> argparse.ArgumentParser:
 
 def test_require_positive_names_the_flag(capsys):
     ap = parser()
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         require_positive(ap, ap.parse_args(["--batch-size", "0"]), "steps", "batch_size")
+    assert e.value.code == 2
     assert "--batch-size must be >= 1, got 0" in capsys.readouterr().err
 
 

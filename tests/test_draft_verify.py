@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
+from helpers import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 
 import dvi_lite
 from dvi_lite.core.engine import start, step

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DEEP_PROMPTS, IdTokenizer
+from helpers import DEEP_PROMPTS, IdTokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import dvi_lite
@@ -349,7 +349,7 @@ def test_bf16_training_runs(deep_model):
 # ------------------------------------------------------------------------------------ CLI
 
 
-def test_cli_trains_saves_and_resumes(tmp_path):
+def test_cli_trains_saves_and_resumes(tmp_path, capsys):
     from dvi_lite.methods.dvi.cli import main
     from dvi_lite.models.loading import COURSE_MODEL
 
@@ -375,8 +375,9 @@ def test_cli_trains_saves_and_resumes(tmp_path):
     assert main(args + ["--steps", "3", "--resume"]) == 0
     card = json.loads((out / "card.json").read_text())
     assert card["fast_steps"] == 3 and len((out / "log.jsonl").read_text().splitlines()) == 3
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(args + ["--steps", "2", "--split", "5"])
+    assert e.value.code == 2 and "split must be an int with 0 < split < 2" in capsys.readouterr().err
 
 
 def test_cli_help_and_module_entry_point(capsys):

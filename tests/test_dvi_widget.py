@@ -11,7 +11,7 @@ import sys
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import pytest
-from conftest import DEEP_PROMPTS
+from helpers import DEEP_PROMPTS
 
 from dvi_lite.methods.dvi import widget as dvi_widget
 from dvi_lite.methods.dvi.config import DVIConfig

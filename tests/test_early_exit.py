@@ -1,6 +1,6 @@
 """Naive early-exit self-speculation: lossless, and the shallow layers are never recomputed."""
 import pytest
-from conftest import DEEP_PROMPTS, IdTokenizer
+from helpers import DEEP_PROMPTS, IdTokenizer
 
 import dvi_lite
 

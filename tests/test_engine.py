@@ -6,7 +6,7 @@ import collections
 
 import pytest
 import torch
-from conftest import StubTokenizer, assert_lossless_sampling, tiny_cfg
+from helpers import StubTokenizer, assert_lossless_sampling, tiny_cfg
 
 from dvi_lite import generate
 from dvi_lite.core.engine import Drafter, Proposal, Stats, StepStats, start, step

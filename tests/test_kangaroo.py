@@ -1,7 +1,7 @@
 """Kangaroo drafter: lossless greedy decoding, consistent adapter cache, clear errors."""
 import pytest
 import torch
-from conftest import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
+from helpers import DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling
 from transformers import LlamaForCausalLM
 
 import dvi_lite

@@ -6,8 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import ALPHA, DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, tiny_cfg
-from helpers import lossless_report
+from helpers import ALPHA, DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, lossless_report, tiny_cfg
 from transformers import LlamaForCausalLM
 
 import dvi_lite
@@ -409,8 +408,10 @@ def test_cli_builds_the_config(monkeypatch):
     assert mt.default_out(mt.MedusaTrainConfig()).name == "heads_ownhead.pt"  # Medusa-1's own head copies
 
 
-def test_cli_rejects_bad_steps():
-    with pytest.raises(SystemExit):
+def test_cli_rejects_bad_steps(capsys):
+    with pytest.raises(SystemExit) as e:
         main(["--steps", "0"])
-    with pytest.raises(SystemExit):
+    assert e.value.code == 2 and "--steps must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
         main(["--heads", "0"])
+    assert e.value.code == 2 and "--heads must be >= 1, got 0" in capsys.readouterr().err

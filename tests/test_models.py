@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_cfg
+from helpers import tiny_cfg
 from transformers import LlamaForCausalLM
 
 from dvi_lite import load_model

@@ -3,7 +3,7 @@ the exact sampling law on a tiny model)."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_lossless_sampling
+from helpers import assert_lossless_sampling
 
 import dvi_lite
 from dvi_lite.core.registry import get_method

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_target
+from helpers import make_target
 
 from dvi_lite.core.runner import Runner, ancestor_matrix, chain_mask, tree_depths, tree_mask
 

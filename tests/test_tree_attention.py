@@ -270,8 +270,9 @@ def test_cli_check_runs_and_writes_json(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_n(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         tac.main(["--check", "--n", "0"])
+    assert e.value.code == 2
     assert "--n must be >= 1, got 0" in capsys.readouterr().err
 
 
@@ -283,7 +284,7 @@ def test_cli_rejects_bad_n(capsys):
 # above: |logits| reach ~20 here, and a wrong mask or position moves them by O(1)), and the accepted paths,
 # next tokens and generated tokens are equal. Few nodes and steps: the interpreter is slow.
 
-from conftest import IdTokenizer, make_target  # noqa: E402
+from helpers import IdTokenizer, make_target  # noqa: E402
 
 import dvi_lite  # noqa: E402
 from dvi_lite.core.engine import start, step  # noqa: E402

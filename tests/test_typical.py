@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEEP_PROMPTS, IdTokenizer
+from helpers import DEEP_PROMPTS, IdTokenizer
 
 import dvi_lite
 from dvi_lite.core.engine import Drafter, Proposal, start, verify_step

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi2_pvalue, random_dist
+from helpers import chi2_pvalue, random_dist
 from scipy.stats import binomtest
 
 from dvi_lite.core.verify import first_token_law, residual, verify_greedy_chain, verify_sampling_chain, verify_tree

@@ -14,6 +14,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dvi_lite.cli import command_line, require_positive, run_or_usage_error
@@ -93,7 +94,9 @@ def train(args: argparse.Namespace, command: str) -> dict:
     cfg = DVIConfig(split=args.split, rl_variant=args.rl, kl_floor=args.kl_floor, lr=args.lr,
                     tau=args.tau if args.tau is not None else max(1.0, args.steps / 5), lora_rank=args.lora_rank,
                     seed=args.seed)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # every RNG a checkpoint saves is seeded: two runs save equal states
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     for p in model.parameters():
         p.requires_grad_(False)
