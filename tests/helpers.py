@@ -338,3 +338,16 @@ def assert_cache_equals_fresh(model, cache, tokens: list[int], atol: float = 1e-
         for name, live, ref in (("K", k, fk), ("V", v, fv)):
             torch.testing.assert_close(live[:, :, :n], ref, atol=atol, rtol=1e-5,
                                        msg=lambda m, name=name, i=i: f"{where} {name} layer {i}: {m}")
+
+
+def perturbed_heads(model, num_heads: int = 3, seed: int = 0, scale: float = 0.3):
+    """Medusa heads between the model's next-token head (their identity start) and noise: each drafts
+    something between the model's next token and a random guess, so trees get partly accepted."""
+    from dvi_lite.methods.medusa.heads import MedusaHeads
+
+    heads = MedusaHeads(model, num_heads).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g))
+    return heads

@@ -19,14 +19,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
-from helpers import PROMPT8, assert_lossless_sampling
+from helpers import PROMPT8, assert_lossless_sampling, perturbed_heads
 
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
-from dvi_lite.methods.medusa.heads import MedusaHeads
 
 NEW = 5  # t1 from the prefill, then a first step that drafts K = min(k, NEW - 2) = 3
 K = 3
@@ -35,15 +33,6 @@ SAMPLERS = {"T1": dict(temperature=1.0), "T0.7": dict(temperature=0.7),
 PLD_PROMPT = [5, 1, 2, 6, 3, 5, 1]  # repeats, so that prompt lookup finds 3-token continuations to copy
 ACC = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies for the sparse tree
 
-
-def perturbed_heads(model, num_heads: int = 3, seed: int = 0, scale: float = 0.3) -> MedusaHeads:
-    """Heads between the model's next-token head (their identity start) and noise: trees get partly accepted."""
-    heads = MedusaHeads(model, num_heads).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for blk in heads.blocks:
-            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g))
-    return heads
 
 
 @pytest.fixture(scope="module")

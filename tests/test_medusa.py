@@ -6,7 +6,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import ALPHA, DEEP_PROMPTS, IdTokenizer, assert_lossless_sampling, lossless_report, tiny_cfg
+from helpers import (
+    ALPHA,
+    DEEP_PROMPTS,
+    IdTokenizer,
+    assert_lossless_sampling,
+    lossless_report,
+    perturbed_heads,
+    tiny_cfg,
+)
 from transformers import LlamaForCausalLM
 
 import dvi_lite
@@ -39,16 +47,6 @@ from dvi_lite.methods.medusa.trees import (
 
 ACC3 = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies (3 heads x 3)
 
-
-def perturbed_heads(model, num_heads=3, seed=0, scale=0.3) -> MedusaHeads:
-    """Heads that are neither the identity nor noise: each drafts something between the model's next
-    token and a random guess, so trees get partly accepted."""
-    heads = MedusaHeads(model, num_heads).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for blk in heads.blocks:
-            blk.linear.weight.copy_(scale * torch.randn(blk.linear.weight.shape, generator=g))
-    return heads
 
 
 @pytest.fixture(scope="module")
