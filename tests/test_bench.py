@@ -1,6 +1,7 @@
 """The bench CLI: clean errors for bad input, stable JSON shape (on a tiny saved model)."""
 import copy
 import json
+import statistics
 
 import pytest
 import torch
@@ -72,7 +73,17 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
         r = body["methods"][m]
         assert {"tokens_per_s", "speedup_vs_ar", "tau", "alpha", "n_prompts", "new_tokens"} <= set(r)
     assert body["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
-    assert body["methods"]["sps"]["tau"] is not None
+    # the numbers agree with each other, not just exist: median of the rounds, ratios to AR, tau >= 1
+    ar_tps = body["methods"]["ar"]["tokens_per_s"]
+    for m in ("ar", "hf", "sps"):
+        r = body["methods"][m]
+        assert r["tokens_per_s"] == pytest.approx(statistics.median(r["tokens_per_s_rounds"]))
+        assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar_tps)
+        assert r["n_prompts"] == 2 and 0 < r["new_tokens"] <= 2 * 8
+    sps = body["methods"]["sps"]
+    assert 1.0 <= sps["tau"] <= 1 + sps["draft_depth_per_step"] and 0.0 <= sps["alpha"] <= 1.0
+    assert sps["c"] > 0 and sps["measured_over_predicted"] == pytest.approx(
+        sps["speedup_vs_ar"] / sps["predicted_speedup"])
     # peak memory is an allocator measurement on CUDA only; on CPU it is absent, never a made-up number
     expected_peak = torch.cuda.is_available()
     assert all((r["peak_mem_bytes"] is not None) == expected_peak for r in body["methods"].values())

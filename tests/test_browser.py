@@ -380,7 +380,7 @@ def test_notebook_05_lambda_widget_in_jupyterlab(lab, browser):
         for name in ("notebook.png", "before.png", "after.png"):
             f = OUT / name
             assert f.exists() and f.stat().st_size > 10_000, f"screenshot {f} missing or empty"
-        print("browser console errors:", console_errors)
+        assert console_errors == [], f"the browser console reported errors: {console_errors}"
     finally:
         try:
             page.screenshot(path=str(OUT / "last_page.png"))

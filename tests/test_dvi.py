@@ -339,9 +339,15 @@ def test_bf16_training_runs(deep_model):
     """dtype-generic: a bf16 model trains (policy and adapters in fp32) with finite losses."""
     m = fresh(deep_model).to(torch.bfloat16)
     tr = trainer(m, slow_updates=True)
+    before = [p.detach().clone() for p in tr.policy.trainable() + verifier_lora_params(m)]
     recs = tr.train(2)
     assert tr.slow_step == 1 and all(math.isfinite(r["loss"]) for r in recs)
-    assert all(p.dtype == torch.float32 for p in tr.policy.trainable() + verifier_lora_params(m))
+    after = tr.policy.trainable() + verifier_lora_params(m)
+    assert all(p.dtype == torch.float32 for p in after)
+    assert all(torch.isfinite(p).all() for p in after)
+    moved = [not torch.equal(b, a.detach()) for b, a in zip(before, after, strict=True)]
+    assert any(moved[: len(tr.policy.trainable())]), "the fast updates changed no policy weight"
+    assert any(moved[len(tr.policy.trainable()):]), "the slow update changed no verifier LoRA weight"
     out = dvi_lite.generate(m, IdTokenizer(), DEEP_PROMPTS[0], method="dvi", state=tr.policy, max_new_tokens=10)
     assert len(out.token_ids) == 10
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import: the only way to run kernels on CPU
 
@@ -38,8 +39,10 @@ from dvi_lite.methods.medusa.tree_attention import (
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 HAS_TRITON = "triton" in available_backends() and (INTERPRET or DEVICE == "cuda")
+# Triton is a dependency on Linux: there a missing or broken triton FAILS these tests (the module sets
+# TRITON_INTERPRET=1 on CPU, so it always can run). They are skipped only off Linux (no triton wheel).
 needs_triton = pytest.mark.skipif(
-    not HAS_TRITON, reason="triton cannot run here: not importable, or neither a GPU nor TRITON_INTERPRET=1")
+    not HAS_TRITON and sys.platform != "linux", reason="no triton on this platform (Linux always has it)")
 
 
 def _inputs(B, H, Hkv, N, P, D, gen, dtype=torch.float32, device=DEVICE):
@@ -214,10 +217,7 @@ def test_triton_fp16():
         N, P = int(torch.randint(1, 25, (1,), generator=gen)), int(torch.randint(0, 41, (1,), generator=gen))
         par = _random_parents(N, gen)
         x = _inputs(2, 4, 2, N, P, 32, gen, dtype=torch.float16)
-        try:
-            got = tree_attention_triton(*x, par)
-        except Exception as e:  # pragma: no cover - only if the interpreter lacks fp16 dots
-            pytest.skip(f"triton cannot run fp16 here: {e}")
+        got = tree_attention_triton(*x, par)  # an interpreter without fp16 dots is a failure, not a skip
         assert got.dtype == torch.float16
         ref = tree_attention_reference(*[t.float() for t in x], par)
         torch.testing.assert_close(got.float(), ref, atol=5e-3, rtol=5e-3)
@@ -241,8 +241,8 @@ def test_backend_dispatch(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_shape_errors_name_the_argument(backend):
-    if backend == "triton" and not HAS_TRITON:
-        pytest.skip("triton cannot run here")
+    if backend == "triton":
+        kernel_runs_here()
     gen = torch.Generator().manual_seed(8)
     q, kc, vc, kn, vn = _inputs(1, 4, 2, 3, 5, 16, gen)
     par = [-1, 0, 1]
