@@ -80,6 +80,8 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
         assert r["tokens_per_s"] == pytest.approx(statistics.median(r["tokens_per_s_rounds"]))
         assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar_tps)
         assert r["n_prompts"] == 2 and 0 < r["new_tokens"] <= 2 * 8
+    for m in ("ar", "hf", "sps"):  # fp32 greedy: every method's tokens are AR's
+        assert body["methods"][m]["same_tokens_as_ar"] == 1.0 and body["methods"][m]["common_prefix_with_ar"] == 1.0
     sps = body["methods"]["sps"]
     assert 1.0 <= sps["tau"] <= 1 + sps["draft_depth_per_step"] and 0.0 <= sps["alpha"] <= 1.0
     assert sps["c"] > 0 and sps["measured_over_predicted"] == pytest.approx(
@@ -225,3 +227,11 @@ def test_bench_error_malformed_spec_bench_line(tmp_path, capsys):
 def test_bench_error_turns(turns, capsys):
     code, err = run(["--turns", turns], capsys)
     assert code == 2 and "--turns" in err and "invalid choice" in err
+
+
+def test_agreement_with_ar_counts_prompts_and_prefixes():
+    a = bench.agreement([[1, 2, 3], [4, 5, 6], [7]], [[1, 2, 3], [4, 9, 6], [8]])
+    assert a["same_tokens_as_ar"] == pytest.approx(1 / 3)
+    assert a["common_prefix_with_ar"] == pytest.approx((1 + 1 / 3 + 0) / 3)
+    with pytest.raises(ValueError):
+        bench.agreement([[1]], [[1], [2]])

@@ -130,6 +130,19 @@ def _tau(agg: dict) -> float | None:
     return (agg["accepted"] + agg["steps"]) / agg["steps"] if agg["steps"] and agg["drafted"] else None
 
 
+def agreement(outputs: list[list[int]], ar_outputs: list[list[int]]) -> dict:
+    """How far a method's tokens agree with AR's, prompt by prompt: the fraction of prompts with the very same
+    tokens, and the mean length of the common prefix as a fraction of AR's output (1.0 = all identical)."""
+    def prefix(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+    pairs = list(zip(outputs, ar_outputs, strict=True))
+    return {"same_tokens_as_ar": sum(a == b for a, b in pairs) / len(pairs),
+            "common_prefix_with_ar": statistics.mean(prefix(a, b) / max(1, len(b)) for a, b in pairs)}
+
+
 def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None = None) -> dict:
     """Median tokens/s over rounds, speedup vs our AR, tau, alpha, draft cost ratio c, per group too, and the
     speedup that the verify-cost table `v` ({n: v(n)}) predicts from tau and c."""
@@ -161,6 +174,8 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None =
     ar = out.get("ar")
     for m, r in out.items():
         r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
+        if ar:  # greedy: lossless means AR's tokens; in bf16, batched verification may flip near-ties
+            r.update(agreement(rounds[m][-1]["outputs"], rounds["ar"][-1]["outputs"]))
         for d, g in r["groups"].items():
             ref = ar["groups"].get(d) if ar else None
             g["speedup_vs_ar"] = g["tokens_per_s"] / ref["tokens_per_s"] if ref else None
@@ -223,12 +238,12 @@ def format_table(results: dict) -> str:
     """The overall table, then (with more than one task group) each method's speedup vs AR per group."""
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     w = max([14] + [len(m) + 2 for m in results])
-    lines = [f"{'method':<{w}}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'alpha':>7}{'c':>7}{'pred':>7}{'meas/pred':>10}",
-             "-" * (w + 56)]
+    lines = [f"{'method':<{w}}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'alpha':>7}{'c':>7}{'pred':>7}{'meas/pred':>10}"
+             f"{'=AR':>6}", "-" * (w + 62)]
     for m, r in results.items():
         lines.append(f"{m:<{w}}{f(r['tokens_per_s'], 1):>9}{f(r['speedup_vs_ar']):>9}{f(r['tau']):>7}"
                      f"{f(r['alpha']):>7}{f(r.get('c')):>7}{f(r.get('predicted_speedup')):>7}"
-                     f"{f(r.get('measured_over_predicted')):>10}")
+                     f"{f(r.get('measured_over_predicted')):>10}{f(r.get('same_tokens_as_ar')):>6}")
     groups = list(next(iter(results.values()), {}).get("groups", {}))
     if len(groups) > 1:
         gw = max(9, *(len(g) + 2 for g in groups))
