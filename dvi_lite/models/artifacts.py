@@ -64,7 +64,3 @@ def load_cached(kind: str, model, path: str | Path, loader: Callable[[], Any], e
     _PIECES[key] = (weakref.ref(model), piece)
     return piece
 
-
-def clear_cache() -> None:
-    """Forget every loaded piece (tests; after retraining in-process)."""
-    _PIECES.clear()

@@ -23,9 +23,6 @@ from dvi_lite.paths import DATA_DIR
 SPEC_BENCH_DEV = DATA_DIR / "spec_bench" / "question_dev.jsonl"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 GROUPS = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's order
-GROUP_TITLES = {"multi-turn": "multi-turn conversation", "translation": "translation",
-                "summarization": "summarization", "qa": "question answering",
-                "math_reasoning": "mathematical reasoning", "rag": "retrieval-aug. generation"}
 
 
 def group_of(category: str) -> str:
