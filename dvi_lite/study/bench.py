@@ -295,7 +295,7 @@ def parser() -> argparse.ArgumentParser:
                     help="2: time Spec-Bench's second turn, asked after the model's own first answer (greedy AR, "
                     "untimed); a prompt with one turn is timed on it")
     ap.add_argument("--draft-model", default=None,
-                    help="draft model folder for sps/hf_assisted (default: course draft)")
+                    help="draft model folder for sps/hf_assisted (default: the model's committed draft)")
     ap.add_argument("--k", type=int, default=4, help="draft length for sps / hf_assisted")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         chat = has_chat_template(tok)
         path = args.prompts or (specbench.SPEC_BENCH_DEV if chat else PROMPTS_DIR / "heldout.jsonl")
         records = records or specbench.read_prompts(path)
+        if Path(path).resolve() == specbench.SPEC_BENCH_DEV.resolve() and args.n_prompts > specbench.EVAL_QUESTIONS:
+            raise ValueError(f"--n-prompts must be <= {specbench.EVAL_QUESTIONS} on Spec-Bench dev: the other "
+                             "questions are what drafts are trained on (specbench.training_questions)")
         prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), args.turns, args.max_new_tokens)
         v, ctx = cost.calibrate(model, tok, prompts, args.max_new_tokens)
         measure = args.machine if args.machine is not None else args.json is not None

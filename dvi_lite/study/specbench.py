@@ -104,6 +104,20 @@ def spread(records: list[dict], n: int) -> list[dict]:
     return _round_robin([_round_robin(list(groups[g].values())) for g in order])[:n]
 
 
+EVAL_QUESTIONS = 48  # the bench measures on the first EVAL_QUESTIONS of spread(); drafts never train on them
+
+
+def training_questions(records: list[dict], held: int = EVAL_QUESTIONS) -> list[dict]:
+    """The questions drafts may be trained on: every record outside the first `held` of spread(records).
+
+    The bench draws its prompts from the front of the same spread order (it never asks for more than
+    `held`), so what a draft was distilled on is never what it is measured on. Deterministic, and itself
+    spread over the groups.
+    """
+    measured = {id(r) for r in spread(records, held)}
+    return spread([r for r in records if id(r) not in measured], len(records))
+
+
 def second_turn(record: dict, first_answer: str) -> list[dict]:
     """The conversation for Spec-Bench's second turn: the first question, the model's own first answer,
     then the second question (the model answers it next)."""
