@@ -136,3 +136,133 @@ def test_train_cli_bad_inputs_are_usage_errors(argv, msg, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main([*argv, "--out", str(tmp_path / "a.pt")])
     assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the teacher-based recipe (real models)
+
+def _teacher(model, n_rows=6, t=20, split=2):
+    from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(64, (t - i,), generator=g).tolist() for i in range(n_rows)]
+    return teacher_outputs(model, rows, TeacherConfig(layers=(split,), top_k=8))
+
+
+def test_map_targets_drops_and_renormalises_off_map_ids(model):
+    from dvi_lite.methods.kangaroo.distill import map_targets
+    from dvi_lite.models.teacher import soft_ce
+    from dvi_lite.models.vocab import TrimmedHead
+
+    head = TrimmedHead(model.lm_head, torch.tensor([5, 3, 9]))
+    top_ids = torch.tensor([[3, 7, 9], [7, 8, 1]])  # row 0: 7 is off the map; row 1: all off
+    top_logp = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]]))
+    ids, logp, keep = map_targets(head, top_ids, top_logp)
+    assert keep.tolist() == [True, False]
+    assert ids[0, 0] == 1 and ids[0, 2] == 2  # positions in the map
+    logq = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.2, 0.5, 0.3]]))
+    ce = soft_ce(logq, ids, logp)[0]
+    p = torch.tensor([0.5, 0.2]) / 0.7  # 3 and 9, renormalised
+    torch.testing.assert_close(ce, -(p * torch.log(torch.tensor([0.5, 0.3]))).sum())
+
+
+def test_teacher_training_step_reduces_loss_and_keeps_target_frozen(model):
+    from dvi_lite.methods.kangaroo.distill import teacher_batch, teacher_loss
+    from dvi_lite.models.vocab import TrimmedHead
+
+    data = _teacher(model)
+    torch.manual_seed(0)
+    adapter = KangarooAdapter(model, 2).train()
+    head = TrimmedHead(model.lm_head, torch.arange(0, 64, 2))
+    runner = Runner(model)
+    b = teacher_batch(data, 2, torch.tensor([0, 3, 5]))
+    assert b["h"].shape[:2] == b["mask"].shape and b["h"].shape[1] == 20  # cropped to the longest row
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(adapter.parameters(), lr=3e-3)
+    first = teacher_loss(adapter, runner, head, b).item()
+    for _ in range(30):
+        loss = teacher_loss(adapter, runner, head, b)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.8 * first
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    model.zero_grad(set_to_none=True)
+
+
+def test_fit_adapter_resumes_to_the_same_weights(model, tmp_path):
+    from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
+
+    data = _teacher(model)
+    cfg = TeacherFitConfig(split=2, steps=4, batch_rows=2, warmup=1, vocab=list(range(0, 64, 2)), bf16=False,
+                           val_frac=0.34, ckpt_every_s=0.0)
+    a, card = fit_adapter(model, IdTokenizer(), data, cfg, ckpt=tmp_path / "full.pt", progress=False)
+    assert card["val_rows"] == 2 and card["train_rows"] == 4 and 0 <= card["val"]["alpha"] <= 1
+    fit_adapter(model, IdTokenizer(), data, TeacherFitConfig(**{**cfg.__dict__, "steps": 2}), ckpt=tmp_path / "r.pt",
+                progress=False)
+    ck = torch.load(tmp_path / "r.pt", weights_only=False)
+    ck["step"] = 2
+    torch.save(ck, tmp_path / "r.pt")
+    b, _ = fit_adapter(model, IdTokenizer(), data, cfg, resume=True, ckpt=tmp_path / "r.pt", progress=False)
+    for (k, v), w in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(v, w, msg=k)
+    with pytest.raises(ValueError, match="states after layers"):
+        fit_adapter(model, IdTokenizer(), data, TeacherFitConfig(**{**cfg.__dict__, "split": 3}), progress=False)
+
+
+def test_replay_follows_double_early_exit():
+    from dvi_lite.methods.kangaroo.sweep import needed_tau, predict, replay
+
+    tokens = torch.tensor([9, 1, 2, 3, 4, 5, 6, 7])  # the row; the teacher's top-1 at t is tokens[t + 1]
+    teacher = torch.tensor([8, 2, 3, 4, 5, 6, 7, 0])  # position 0 is the prompt (not greedy)
+    draft = torch.tensor([8, 2, 3, 0, 5, 6, 7, 0])  # wrong at 3
+    conf = torch.tensor([1.0, 0.9, 0.9, 0.9, 0.9, 0.4, 0.9, 0.9])
+    row = {"answer": True, "tokens": tokens, "teacher": teacher, "draft": draft, "conf": conf}
+    # greedy run [1, 7): from 1: drafts 1..4 (k=4), accepts 2 (1, 2), tau 3; from 4: drafts 4, 5 (conf 0.4 < 0.6,
+    # still proposed) -> 2 accepted, tau 3; from 7: the run's end
+    assert replay([row], 0.6, 4) == {"tau": 3.0, "drafted": 3.0, "steps": 2}
+    assert replay([row], None, 4)["drafted"] == 3.5  # from 4: 3 drafts to the run's end
+    pred = predict([row], c=0.1, v={1: 1.0, 5: 1.0}, etas=(0.6,), k_max=4)[0]
+    assert pred["predicted_speedup"] == pytest.approx(3.0 / (1.0 + 3 * 0.1))
+    assert needed_tau(1.3, 3.0, 0.1, {1: 1.0, 5: 1.0}) == pytest.approx(1.3 * 1.3)
+
+
+def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
+    """The SmolLM2 recipe end to end in smoke mode (a tiny teacher, 3 steps) on the course model."""
+    from dvi_lite.methods.kangaroo.drafter import load_adapter
+    from dvi_lite.methods.kangaroo.train import SMOLLM2_SPLIT, prepare_smollm2
+    from dvi_lite.models.loading import load_model
+
+    out = prepare_smollm2("course", tmp_path, "pytest", smoke=True)
+    path = tmp_path / "kangaroo" / f"adapter_k{SMOLLM2_SPLIT}.pt"
+    assert out["kangaroo adapter"] == str(path) and out["split"] == SMOLLM2_SPLIT
+    card = __import__("json").loads(path.with_suffix(".json").read_text())
+    assert card["steps"] == 3 and card["command"] == "pytest" and card["device"].startswith("cpu")
+    assert {"data", "commit", "wall_time_s", "val", "init"} <= set(card)
+    for dtype in ("float32", "bfloat16"):  # found whatever dtype the model is loaded in
+        m, _ = load_model("course", dtype=dtype)
+        a = load_adapter(m, SMOLLM2_SPLIT, path)
+        assert next(a.parameters()).dtype == next(m.parameters()).dtype
+
+
+def test_train_cli_from_teacher(tmp_path, capsys):
+    """`kangaroo-train --teacher FILE`: the teacher-based recipe from the command line, with its card."""
+    import json
+    from dataclasses import asdict
+
+    from dvi_lite.methods.kangaroo.train import main
+    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+    from dvi_lite.models.vocab import save_vocab_map
+
+    m, tok = load_model("course")
+    texts = ("def f(x):\n    return x", "The cat sat on the mat.", "for i in range(3)")
+    rows = [tok(t)["input_ids"][:24] for t in texts]
+    data = teacher_outputs(m, rows, TeacherConfig(layers=(2,), top_k=8))
+    torch.save(asdict(data), tmp_path / "t.pt")
+    save_vocab_map(torch.arange(300), m, tmp_path / "v.pt")
+    assert main(["--teacher", str(tmp_path / "t.pt"), "--split", "2", "--steps", "2", "--vocab", str(tmp_path / "v.pt"),
+                 "--out", str(tmp_path / "a.pt")]) == 0
+    card = json.loads((tmp_path / "a.json").read_text())
+    assert card["steps"] == 2 and card["split"] == 2 and card["vocab_n"] == 300
+    assert card["command"].startswith("python -m dvi_lite kangaroo-train --teacher")
+    capsys.readouterr()

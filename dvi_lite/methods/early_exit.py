@@ -10,7 +10,7 @@ Drafting stops when the draft's top-1 probability falls below `threshold` (Kanga
 exit"), or after `k` tokens. The token drafted from that low-confidence distribution is still proposed:
 drafting stops *after* it, as Kangaroo's inference code, the Draft & Verify authors' decoding and DVI's
 `spec_decode` all do (its logits are computed anyway; dropping it would bias tau down for nothing).
-The default exit layer is `core.checks.default_split`, the same for every self-speculative method.
+The default exit layer is `models.artifacts.default_split_for(model)`, the same for every self-speculative method.
 
 `vocab` (models.vocab): a trimmed draft head that scores only the N most frequent tokens (q = 0 elsewhere);
 verification keeps the full head, so the output is unchanged (lossless) and only the draft gets cheaper.
@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.core.checks import check_int, check_prob, check_split, default_split
+from dvi_lite.core.checks import check_int, check_prob, check_split
 from dvi_lite.core.engine import DecodeState, Drafter, Proposal
 from dvi_lite.core.runner import Runner
+from dvi_lite.models.artifacts import default_split_for
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 
@@ -100,5 +101,5 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
     """Self-speculation with the target's own first `split` layers (None: default_split) and its own head
     (vocab: a trimmed head, models.vocab.resolve_vocab)."""
     r = Runner.for_model(model)
-    return EarlyExitDrafter(r, default_split(r.n_layers) if split is None else split, k, threshold, branch,
+    return EarlyExitDrafter(r, default_split_for(model) if split is None else split, k, threshold, branch,
                             resolve_vocab(model, tokenizer, vocab))

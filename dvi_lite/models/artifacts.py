@@ -9,6 +9,7 @@ so the loaders' defaults find the right files, the trainers never overwrite the 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import weakref
 from pathlib import Path
@@ -44,6 +45,26 @@ def artifacts_dir(model) -> Path:
     """data/ for the course model, data/smollm2/ for SmolLM2 (both committed), build/models/<fingerprint>/ else."""
     fp = fingerprint(model)
     return COMMITTED[fp] if fp in COMMITTED else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
+
+
+def model_defaults(model) -> dict:
+    """The committed per-model defaults (artifacts_dir(model)/defaults.json; {} when there is none).
+
+    A model's trained pieces fix some options: SmolLM2's Kangaroo adapter and DVI head were trained at the exit
+    layer its sweep picked, so the self-speculative methods default to that layer on it.
+    """
+    path = artifacts_dir(model) / "defaults.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def default_split_for(model) -> int:
+    """THE default exit layer of early_exit, kangaroo and dvi on `model`: its committed default, else
+    core.checks.default_split(L)."""
+    from dvi_lite.core.checks import check_split, default_split
+
+    n = model.config.num_hidden_layers
+    split = model_defaults(model).get("split")
+    return default_split(n) if split is None else check_split(split, n)
 
 
 _PIECES: dict[tuple, tuple[weakref.ref, Any]] = {}  # (kind, fingerprint, file, mtime, dtype, device, extra)

@@ -7,7 +7,8 @@ second early exit stops drafting after the first token whose top-1 probability f
 token is still proposed, as in Kangaroo's inference code). `vocab`: a trimmed draft head over the N most
 frequent tokens (models.vocab; verification keeps the full head, so still lossless). An adapter is
 trained for one exit layer: its file is per split (data/kangaroo/adapter_k<split>.pt), and the default
-split is core.checks.default_split, as for every self-speculative method.
+split is models.artifacts.default_split_for(model) (a committed per-model default, else core.checks.default_split),
+as for every self-speculative method.
 
 The adapter keeps its own one-layer KV cache. Invariant: it holds positions [0, A) and `todo` holds
 the exit-layer states of committed positions [A, committed) it has not seen yet — the "last draft token"
@@ -24,12 +25,12 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
-from dvi_lite.core.checks import check_split, default_split
+from dvi_lite.core.checks import check_split
 from dvi_lite.core.engine import DecodeState, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache, kv_shape
 from dvi_lite.core.runner import Runner, chain_mask
 from dvi_lite.methods.early_exit import EarlyExitDrafter
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.models.artifacts import artifacts_dir, default_split_for, fingerprint, load_cached
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import DATA_DIR
 
@@ -157,7 +158,7 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
     """
     r = Runner.for_model(model)
     if split is None:
-        split = adapter.split if isinstance(adapter, KangarooAdapter) else default_split(r.n_layers)
+        split = adapter.split if isinstance(adapter, KangarooAdapter) else default_split_for(model)
     split = check_split(split, r.n_layers)
     if adapter is None or isinstance(adapter, (str, Path)):
         adapter = load_adapter(model, split, adapter)

@@ -1,6 +1,8 @@
 """Train a Kangaroo adapter by distillation from the frozen model: `python -m dvi_lite kangaroo-train`.
 
-Recipe: windows of the corpus' train split; the frozen target gives the exit-layer states h_s and its
+Two recipes. With `--teacher FILE` (what SmolLM2 uses, `train_from_teacher`, `prepare_smollm2`): from the
+teacher's stored outputs (models.teacher) through a trimmed head, see `distill.py`. Without (the course model's):
+windows of the corpus' train split; the frozen target gives the exit-layer states h_s and its
 own next-token distribution p at every position; the adapter is trained so that
 q = softmax(lm_head(adapter(h_s))) matches p, with loss KL(p || q) averaged over all positions
 (dense, soft targets: every position teaches the whole distribution, not only the argmax).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,10 +25,12 @@ from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_erro
 from dvi_lite.core.checks import check_split, default_split
 from dvi_lite.core.runner import Runner
 from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
+from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
-from dvi_lite.models.artifacts import artifacts_dir
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint
 from dvi_lite.models.loading import load_model
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, teacher_for, teacher_path
+from dvi_lite.paths import BUILD_DIR, DATA_DIR
 from dvi_lite.study.provenance import provenance
 
 
@@ -109,6 +114,68 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     return card
 
 
+# SmolLM2's exit layer, chosen by the sweep (sweep.py; results/15_kangaroo_smollm2.json) and its final recipe.
+SMOLLM2_SPLIT = 4
+SMOLLM2_RECIPE = TeacherFitConfig(split=SMOLLM2_SPLIT, steps=300)
+
+
+def _device_words(model) -> str:
+    dev = next(model.parameters()).device
+    return f"cpu, {os.cpu_count()} cores" if dev.type == "cpu" else str(dev)
+
+
+def teacher_card(data: TeacherData, path: str | Path | None) -> dict:
+    """What the teacher data was (its card without the question list), for the adapter's card."""
+    return {"file": str(path) if path is not None else None,
+            **{k: v for k, v in data.card.items() if k != "questions"},
+            "n_questions": len(data.card.get("questions", []))}
+
+
+def train_from_teacher(model, tok, data: TeacherData, cfg: TeacherFitConfig, out: Path, resume: bool = False,
+                       command: str = "", teacher_file: str | Path | None = None, ckpt: Path | None = None) -> dict:
+    """Train the adapter for exit layer cfg.split from the teacher data (distill.fit_adapter), save it in half
+    precision at `out` with its card (data, steps, command, commit, device, wall time, val numbers)."""
+    adapter, card = fit_adapter(model, tok, data, cfg, resume, ckpt)
+    card = {**card, "data": teacher_card(data, teacher_file), "command": command, "device": _device_words(model),
+            "provenance": provenance(command)}
+    card["commit"] = card["provenance"].get("commit")
+    save_adapter(adapter, model, Path(out), card)
+    print(json.dumps({"split": card["split"], "val": card["val"], "init_alpha": card["init"]["alpha"],
+                      "wall_time_s": card["wall_time_s"]}))
+    return card
+
+
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
+    """SmolLM2's Kangaroo adapter by the recipe: SMOLLM2_RECIPE at SMOLLM2_SPLIT from the model's teacher data
+    (built first when missing), saved to out_dir/kangaroo/adapter_k<split>.pt (out_dir: the artifacts folder,
+    data/smollm2/). smoke: a tiny teacher (built under out_dir) and a few steps, for CI on the course model."""
+    model, tok = load_model(model_path, dtype="float32")
+    out_dir = Path(out_dir)
+    cfg = replace(SMOLLM2_RECIPE)
+    if smoke:  # a tiny teacher over a few prompts, a map counted on them: seconds
+        from dvi_lite.models.teacher import teacher_outputs
+        from dvi_lite.models.vocab import build_vocab_map, head_vocab_size
+        from dvi_lite.study.specbench import read_prompts
+
+        texts = [r["prompt"] for r in read_prompts(DATA_DIR / "prompts" / "heldout.jsonl")[:6]]
+        tcfg = TeacherConfig(answers=0, corpus_windows=len(texts), layers=(cfg.split,))
+        data = teacher_outputs(model, [tok(t)["input_ids"][:48] for t in texts], tcfg)
+        data.card = {"config": asdict(tcfg), "smoke": "heldout prompts, no answers", "n_rows": len(texts)}
+        tfile = None
+        vocab = build_vocab_map(model, tok, min(256, head_vocab_size(model)), texts=texts,
+                                path=out_dir / "vocab" / "smoke.pt", command=command)
+        cfg = replace(cfg, steps=3, warmup=1, batch_rows=2, vocab=str(vocab), val_frac=0.34)
+        ckpt = out_dir / "kangaroo" / "ckpt_smoke.pt"
+    else:
+        tfile = teacher_path(model)
+        data = teacher_for(model, tok)
+        ckpt = BUILD_DIR / "ckpt" / f"kangaroo_teacher_k{cfg.split}_{fingerprint(model)}.pt"
+    out = adapter_path(cfg.split, out_dir / "kangaroo")
+    card = train_from_teacher(model, tok, data, cfg, out, resume=not smoke, command=command,
+                              teacher_file=tfile, ckpt=ckpt)
+    return {"kangaroo adapter": str(out), "split": cfg.split, "val": card["val"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("kangaroo-train"), description=__doc__.splitlines()[0])
     ap.add_argument("--split", type=int, default=None, help="exit layer (default: core.checks.default_split)")
@@ -117,11 +184,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the "
                     "course model, build/models/<fingerprint>/kangaroo/ for another)")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--teacher", default=None, help="teacher data file (models.teacher): train from it through a "
+                    "trimmed head (the real-model recipe); 'auto' = the model's build/teacher/<fingerprint>/ file")
+    ap.add_argument("--vocab", default="8192", help="with --teacher: trimmed head size N or a saved map's path")
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps")
+    if args.teacher is not None:
+        return _teacher_main(ap, args, command_line("kangaroo-train", argv))
     cfg = AdapterConfig(split=args.split, steps=args.steps)
     run_or_usage_error(ap, train_adapter, cfg, args.model, args.out, args.resume,
                        command_line("kangaroo-train", argv))
+    return 0
+
+
+def _teacher_main(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    def run() -> dict:
+        model, tok = load_model(args.model or "course", dtype="float32")
+        split = default_split(model.config.num_hidden_layers) if args.split is None else args.split
+        check_split(split, model.config.num_hidden_layers)
+        tfile = teacher_path(model) if args.teacher == "auto" else Path(args.teacher)
+        data = load_teacher(tfile)
+        vocab = int(args.vocab) if args.vocab.isdigit() else args.vocab
+        cfg = TeacherFitConfig(split=split, steps=args.steps, vocab=vocab)
+        out = Path(args.out) if args.out else adapter_path(split, artifacts_dir(model) / "kangaroo")
+        return train_from_teacher(model, tok, data, cfg, out, args.resume, command, tfile)
+
+    run_or_usage_error(ap, run)
     return 0
 
 
