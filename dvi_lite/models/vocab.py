@@ -86,11 +86,13 @@ def save_vocab_map(ids: torch.Tensor, model, path: str | Path, card: dict | None
 
 
 def build_vocab_map(model, tokenizer, n: int, texts: Sequence[str] | None = None, path: str | Path | None = None,
-                    command: str = "") -> Path:
+                    command: str = "", answers: torch.Tensor | None = None) -> Path:
     """Count the corpus (default: the course corpus' train split) with the model's tokenizer; save the top-n map.
 
-    The card records how much of the counted text the map covers: the fraction of corpus tokens a draft
-    restricted to the map could still propose.
+    answers: token ids the model itself wrote (e.g. the teacher data's rows, padding removed). They are what a
+    draft must propose on chat questions, and a corpus of code and prose misses many of their tokens, so their
+    frequencies are mixed in with the same weight as the corpus' (each normalised to sum to one).
+    The card records how much of the counted text the map covers (overall, and of the answers).
     """
     v = head_vocab_size(model)
     n = check_int("vocab (trimmed head size N)", n, 1, v)
@@ -98,11 +100,17 @@ def build_vocab_map(model, tokenizer, n: int, texts: Sequence[str] | None = None
         raise ValueError(f"vocab={n}: counting the corpus needs the model's tokenizer (got None); or pass a "
                          "saved map's path")
     counts = count_tokens(tokenizer, corpus_texts() if texts is None else texts, v)
-    ids = top_ids(counts, n)
+    own = None if answers is None else torch.bincount(torch.as_tensor(answers).long().flatten(), minlength=v)[:v]
+    mixed = counts.double() / max(1, int(counts.sum()))
+    if own is not None:
+        mixed = mixed + own.double() / max(1, int(own.sum()))
+    ids = top_ids(mixed, n)
     total = int(counts.sum())
     from dvi_lite.study.provenance import provenance  # lazy: provenance reads git and the environment
 
     card = {"n": n, "vocab_size": v, "coverage": float(counts[ids.long()].sum()) / total if total else None,
+            "answers_coverage": None if own is None else float(own[ids.long()].sum()) / max(1, int(own.sum())),
+            "answer_tokens_counted": None if own is None else int(own.sum()),
             "tokens_counted": total, "corpus": "course corpus, train split" if texts is None else "given texts",
             "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
             "provenance": provenance(command or None)}
