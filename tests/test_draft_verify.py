@@ -181,3 +181,68 @@ def test_adaptive_gamma_trace_follows_the_authors_update(model):
     m = [0.125, 0.5625, 0.78125, 0.890625, 0.9453125, 0.97265625, 0.97265625 / 2 + 5 / 14]
     assert d.adaptive.trace_ar == pytest.approx(m)
     assert d.adaptive.trace_gamma == pytest.approx([0.801, 0.802, 0.803, 0.804, 0.803, 0.803, 0.804])
+
+
+# ----------------------------------------------------------------------------- the search's low-noise objective
+
+ROWS = [[5, 9, 2, 33, 17, 8, 40, 41, 3, 12, 60, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [50, 40, 30, 20, 10, 11, 12]]
+
+
+def _calibration(model, spans, **kw):
+    from dvi_lite.methods.draft_verify.objective import Calibration
+
+    with torch.no_grad():
+        targets = [model(torch.tensor([r])).logits[0].argmax(-1).tolist() for r in ROWS]  # the full model's argmax
+    return Calibration(model, ROWS, spans, targets, **kw)
+
+
+def test_objective_scores_each_position_as_the_drafters_first_step(model):
+    cal = _calibration(model, [(3, 11), (0, 8), (2, 6)], batch_size=2)
+    assert cal.n_positions == 8 + 8 + 4 and len(cal.batches) == 2
+    assert cal.agreement(Skip()) == 1.0  # no skipping: the full model agrees with itself
+    skip = SKIPS[0]
+    r = Runner.for_model(model)
+    for bi, (b, pred) in enumerate(zip(cal.batches, cal.predictions(skip), strict=True)):
+        for j in range(b.pos.shape[0]):
+            row = ROWS[2 * bi + j]
+            for t, p in zip(b.pos[j][b.target[j] >= 0].tolist(), pred[j].tolist(), strict=False):
+                cache = r.new_cache(t + 1)  # the committed prefix's KV comes from the full model
+                if t:
+                    r.layers_forward(r.embed(torch.tensor([row[:t]])), cache, torch.arange(t)[None])
+                h = r.layers_forward(r.embed(torch.tensor([[row[t]]])), cache, torch.tensor([[t]]), skip=skip)
+                assert int(r.logits(h)[0, -1].argmax()) == p
+    assert cal.agreement(skip) < 1.0
+
+
+def test_objective_positions_cap_and_value(model):
+    from dvi_lite.methods.draft_verify.objective import SkipObjective, best_speedup, measure_sublayer_costs
+
+    cal = _calibration(model, [(0, 11), (0, 8), (0, 6)], max_positions=3)
+    assert cal.batches[0].pos[0].tolist() == [0, 5, 10] and cal.n_positions == 9
+    costs = measure_sublayer_costs(model, context=8, repeats=2)
+    assert costs.attn >= 0 and costs.mlp >= 0 and costs.full > 0
+    assert costs.c(Skip()) == pytest.approx(1.0) and costs.c(SKIPS[1]) < 1.0
+    v = {1: 1.0, 9: 1.1}
+    f = SkipObjective(cal, costs, v, k_max=4)
+    assert f(Skip()) == -best_speedup(1.0, costs.c(Skip()), v, 4)[0]
+    got = f.evaluate(SKIPS[0])
+    assert got is f.evaluate(SKIPS[0]) and 0 <= got["alpha_hat"] < 1 and 1 <= got["k"] <= 4
+
+
+def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
+    from dvi_lite.methods.draft_verify.search import prepare_smollm2
+    from dvi_lite.models.loading import load_model
+
+    out = prepare_smollm2("course", tmp_path / "dv", "python -m dvi_lite prepare --smoke", smoke=True,
+                          dtype="float32", v={1: 1.0, 9: 1.1})
+    model, _ = load_model("course")
+    body = json.loads((tmp_path / "dv" / "skip.json").read_text())
+    assert load_skip(model, tmp_path / "dv" / "skip.json") == resolve_skip(model, body["best_skip"])
+    card = body["card"]
+    assert card["trials"] == 2 and card["device"] == "cpu, 2 cores" and card["command"].startswith("python -m")
+    assert {"data", "commit", "calibration", "heldout"} <= set(card)
+    arms = out["sweep"][0]["arms"]
+    assert set(arms) == {"uniform_layers", "uniform_sublayers", "random", "bo"}
+    assert len(set(out["sweep"][0]["n_skipped"].values())) == 1  # an equal skip ratio in every arm
+    no_skip = out["no_skip"]["calibration"]
+    assert no_skip["alpha_hat"] == 1.0 and no_skip["c"] == pytest.approx(1.0)

@@ -14,7 +14,7 @@ import dvi_lite
 
 pytestmark = pytest.mark.slow
 
-CASES = {"sps": {}, "medusa": {}}
+CASES = {"sps": {}, "medusa": {"tree": "sparse"}}
 
 
 @pytest.mark.parametrize("method", list(CASES))

@@ -413,3 +413,143 @@ def test_cli_rejects_bad_steps(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--heads", "0"])
     assert e.value.code == 2 and "--heads must be >= 1, got 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ distillation from the teacher's stored outputs
+
+def _toy_teacher(rows_len=(10, 7), k=4):
+    """Teacher data whose top id at (n, s) encodes the position: 100 * n + s (rank r adds 1000 * r)."""
+    from dvi_lite.models.teacher import TeacherData
+
+    n, t = len(rows_len), max(rows_len)
+    mask = torch.zeros(n, t, dtype=torch.bool)
+    for i, L in enumerate(rows_len):
+        mask[i, :L] = True
+    pos = 100 * torch.arange(n)[:, None, None] + torch.arange(t)[None, :, None]
+    top_ids = pos + 1000 * torch.arange(k)[None, None]  # (n, t, k)
+    top_logp = torch.log_softmax(-torch.arange(k, dtype=torch.float), -1).expand(n, t, k).half()
+    return TeacherData(torch.zeros(n, t, dtype=torch.long), mask, {}, torch.zeros(n, t, 8, dtype=torch.bfloat16),
+                       top_ids, top_logp)
+
+
+def test_teacher_targets_align_head_i_at_t_with_the_teacher_at_t_plus_1_plus_i():
+    from dvi_lite.methods.medusa.teacher_train import head_targets, positions
+
+    data = _toy_teacher()
+    n, t = positions(data.mask, torch.tensor([0, 1]))
+    assert int((n == 1).sum()) == 6 and int(t[n == 1].max()) == 5  # t and t+1 real: t <= len - 2
+    for i in range(3):
+        ids, logp, ok = head_targets(data, n, t, i)
+        assert ids.shape == (len(n), 4) and logp.shape == (len(n), 4)
+        s = t + 1 + i  # head i on h_t predicts x_{t+2+i}: the teacher's prediction made at t+1+i
+        assert torch.equal(ok, s < torch.tensor([10, 7])[n])
+        assert torch.equal(ids[ok, 0], (100 * n + s)[ok]) and torch.equal(ids[ok, 2], (100 * n + s + 2000)[ok])
+
+
+def test_trimmed_targets_drop_off_map_tokens_and_renormalise():
+    from dvi_lite.methods.medusa.teacher_train import trim_targets
+    from dvi_lite.models.teacher import soft_ce
+
+    index_of = torch.full((10,), -1, dtype=torch.long)
+    index_of[torch.tensor([3, 5, 7])] = torch.tensor([0, 1, 2])
+    ids = torch.tensor([[5, 4, 7], [1, 2, 4]])
+    j, lp, kept = trim_targets(ids, torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]])), index_of)
+    assert kept.tolist() == [True, False] and j[0].tolist() == [1, 0, 2] and lp[0, 1] == float("-inf")
+    logq = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    want = -(0.5 / 0.7 * math.log(0.5) + 0.2 / 0.7 * math.log(0.3))  # the kept mass 0.7, renormalised
+    assert soft_ce(logq, j[:1], lp[:1]).item() == pytest.approx(want, rel=1e-5)
+
+
+def _deep_teacher(model):
+    from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(64, (int(L),), generator=g).tolist() for L in torch.randint(12, 24, (12,), generator=g)]
+    return teacher_outputs(model, rows, TeacherConfig(layers=(1,), top_k=8, batch_size=4))
+
+
+def test_distillation_learns_resumes_exactly_and_measures_ranks(deep_model, tmp_path):
+    from dvi_lite.methods.medusa.teacher_train import DistillConfig, distill, split_rows, teacher_accuracy
+    from dvi_lite.models.vocab import TrimmedHead
+
+    data = _deep_teacher(deep_model)
+    train, val = split_rows(12, 0.25, 0)
+    assert len(val) == 3 and not set(train.tolist()) & set(val.tolist())
+    trimmed = TrimmedHead(deep_model.get_output_embeddings(), torch.arange(48))
+    cfg = DistillConfig(heads=2, steps=30, batch_size=32, lr=1e-2, warmup=3, ckpt_every_s=1e9)
+    log = distill(MedusaHeads(deep_model, 2, shared_lm_head=True), data, trimmed, cfg, train, progress=False)
+    mean = lambda xs: sum(x["loss"] for x in xs) / len(xs)  # noqa: E731
+    assert mean(log[-5:]) < mean(log[:5])
+    short = DistillConfig(heads=2, steps=6, batch_size=8, lr=1e-2, warmup=2, ckpt_every_s=1e9)
+    whole = MedusaHeads(deep_model, 2, shared_lm_head=True)
+    log_whole = distill(whole, data, trimmed, short, train, progress=False)
+    distill(MedusaHeads(deep_model, 2, shared_lm_head=True), data, trimmed, short, train, tmp_path / "c.pt",
+            stop_after=3, progress=False)
+    resumed = MedusaHeads(deep_model, 2, shared_lm_head=True)
+    log_resumed = distill(resumed, data, trimmed, short, train, tmp_path / "c.pt", resume=True, progress=False)
+    assert [x["loss"] for x in log_resumed] == [x["loss"] for x in log_whole]
+    for k, v in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, atol=0, rtol=0)
+    acc = teacher_accuracy(whole, data, val, branch=3, answer_rows=1)
+    assert np.shape(acc["rank_accuracy"]) == (2, 3) and acc["top1"] == [r[0] for r in acc["rank_accuracy"]]
+    assert all(sum(r) <= 1 + 1e-6 for r in acc["rank_accuracy"]) and acc["n"][0] > acc["n"][1] > 0
+
+
+def test_prepare_smoke_on_the_course_model(tmp_path):
+    from dvi_lite.methods.medusa.teacher_train import PAPER_TOP1, prepare_smollm2
+    from dvi_lite.models.loading import load_model
+
+    card = prepare_smollm2("course", tmp_path, "python -m dvi_lite prepare --smoke", smoke=True)
+    assert (tmp_path / "heads.pt").is_file() and (tmp_path / "heads.json").is_file()
+    assert card["steps"] == 3 and card["device"] == "cpu, 2 cores" and card["command"].endswith("--smoke")
+    assert [r["paper"] for r in card["top1_vs_paper"]] == list(PAPER_TOP1[:2])
+    model, _ = load_model("course", dtype="bfloat16")
+    heads = load_heads(model, tmp_path / "heads.pt")
+    assert heads.shared_lm_head and heads.accuracies == card["accuracy"]["rank_accuracy"]
+    assert next(heads.parameters()).dtype == torch.bfloat16
+
+
+def test_ablation_picks_the_median_per_round_speedup():
+    from dvi_lite.methods.medusa.ablation import spec, summarise
+
+    row = lambda tps, tau: {"tokens_per_s_rounds": tps, "tau": tau, "alpha": 0.5, "c": 0.1,  # noqa: E731
+                            "draft_depth_per_step": 3.0, "drafted_per_step": 12.0}
+    bench = {"verify_cost": {"1": 1.0, "9": 1.1, "17": 1.3}, "methods": {
+        "ar": row([10.0, 10.0, 10.0], None), spec("pruned16"): row([30.0, 11.0, 11.0], 1.8),  # one lucky round
+        spec("sparse16"): row([12.0, 12.5, 12.0], 1.9)}}
+    card = {"accuracy": {"rank_accuracy": [[0.5]], "n": [10]}, "num_heads": 1, "steps": 1,
+            "top1_vs_paper": [{"head": 0, "ours": 0.5, "paper": 0.56}]}
+    out = summarise(bench, card)
+    assert out["chosen_tree"] == "sparse16" and out["trees"]["pruned16"]["speedup_vs_ar"]["max"] == 3.0
+    need = out["trees"]["sparse16"]["needed_for_target"]
+    assert need["v_verify"] == pytest.approx(1.2)  # v(13), between the measured v(9) and v(17)
+    assert need["tau_needed_at_measured_c"] == pytest.approx(1.3 * (1.2 + 3 * 0.1))
+    assert out["chosen"]["met"] is False
+
+
+def test_smollm2_heads_are_found_in_any_dtype():
+    from dvi_lite.methods.medusa.heads import heads_path
+    from dvi_lite.paths import DATA_DIR
+
+    path = DATA_DIR / "smollm2" / "medusa" / "heads.pt"
+    if not path.is_file():
+        pytest.skip("SmolLM2's Medusa heads are not trained here")
+    from test_smollm2 import smollm2
+
+    for dtype in ("float32", "bfloat16"):
+        model, _ = smollm2(dtype)
+        assert heads_path(model) == path
+        heads = load_heads(model)
+        assert next(heads.parameters()).dtype == model.dtype and heads.accuracies is not None
+
+
+
+def test_loss_vocab_puts_the_teachers_own_tokens_first():
+    from dvi_lite.methods.medusa.teacher_train import loss_vocab
+    from dvi_lite.models.teacher import TeacherData
+
+    top = torch.tensor([[7, 7, 3, 9], [3, 5, 5, 5]])[..., None]  # (rows, T, 1): the teacher's argmax
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool()  # the 9 is padding
+    data = TeacherData(torch.zeros(2, 4, dtype=torch.long), mask, {}, torch.zeros(2, 4, 1), top, top.half())
+    assert loss_vocab(data, torch.tensor([0, 1]), torch.tensor([1, 3, 2, 0]), 5).tolist() == [5, 3, 7, 1, 2]
+    assert loss_vocab(data, torch.tensor([0]), torch.tensor([1, 3, 2, 0]), 3).tolist() == [7, 3, 1]  # train rows only

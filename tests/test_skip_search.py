@@ -362,3 +362,57 @@ def test_threshold_tracks_alpha_on_simulated_drafts(alpha):
     ar = np.array(c.trace_ar[-2000:])
     assert np.median(ar) == pytest.approx(alpha, abs=0.03)
     assert np.mean(ar < alpha) == pytest.approx(0.5, abs=0.05)
+
+
+# ----------------------------------------------------------------------------- the low-noise objective's arithmetic
+
+
+def test_cost_model_hand_computed():
+    from dvi_lite.methods.draft_verify.objective import SublayerCosts
+
+    costs = SublayerCosts(n_layers=2, attn=1.0, mlp=2.0, head=3.0, full=10.0, trimmed_head=1.0)
+    assert costs.fixed == 4.0  # 10 - 2 * (1 + 2): embedding, norm, head, overhead
+    assert costs.c(Skip()) == 1.0  # nothing skipped: a full forward
+    assert costs.c(Skip(attn=frozenset({0}))) == pytest.approx(0.9)
+    assert costs.c(Skip(mlp=frozenset({0, 1}))) == pytest.approx(0.6)
+    assert costs.c(Skip(), trimmed=True) == pytest.approx(0.8)  # the head's 3 replaced by the trimmed head's 1
+    with pytest.raises(ValueError, match="trimmed"):
+        SublayerCosts(n_layers=2, attn=1.0, mlp=2.0, head=3.0, full=10.0).c(Skip(), trimmed=True)
+
+
+def test_expected_tau_and_best_draft_length():
+    from dvi_lite.methods.draft_verify.objective import best_speedup, expected_tau
+
+    assert expected_tau(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tau(1.0, 3) == 4.0 and expected_tau(0.0, 5) == 1.0
+    flat = {1: 1.0, 17: 1.0}  # v(n) = 1: verification is free
+    assert best_speedup(1.0, 0.0, flat, k_max=6) == (7.0, 6)  # free perfect drafts: draft as far as allowed
+    s, k = best_speedup(0.0, 0.5, flat)
+    assert k == 1 and s == pytest.approx(1 / 1.5)  # useless drafts: the shortest loses least
+    s, k = best_speedup(0.8, 0.2, {1: 1.0, 9: 1.4})  # v grows: an interior optimum
+    assert 1 < k < 8 and s == pytest.approx(expected_tau(0.8, k) / (1 + 0.05 * k + 0.2 * k))
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tau(1.2, 2)
+
+
+def test_uniform_sublayers_exact_count_and_spread():
+    from dvi_lite.methods.draft_verify.recipe import uniform_sublayers
+
+    for ratio in (0.2, 0.3, 0.5):
+        s = uniform_sublayers(30, ratio)
+        z = skip_to_mask(s, 30)
+        assert sum(z) == ratio_to_count(ratio, 30) and z[:2] == [0, 0] and z[-2:] == [0, 0]
+        gaps = np.diff(np.flatnonzero(z))
+        assert gaps.max() - gaps.min() <= 1  # evenly spread over the 56 searchable sub-layers
+    assert skip_to_mask(uniform_sublayers(6, 0.34), 6) == [0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0]  # every other one
+
+
+def test_alpha_and_c_needed_invert_the_value():
+    from dvi_lite.methods.draft_verify.objective import alpha_needed, best_speedup, c_needed
+
+    v = {1: 1.0, 9: 1.08, 17: 1.26}
+    a = alpha_needed(1.3, 0.4, v)
+    assert best_speedup(a, 0.4, v)[0] == pytest.approx(1.3, abs=1e-6)
+    c = c_needed(1.3, 0.8, v)
+    assert best_speedup(0.8, c, v)[0] == pytest.approx(1.3, abs=1e-6)
+    assert alpha_needed(1.3, 0.95, v) is None and c_needed(5.0, 0.5, v) is None  # out of reach

@@ -101,7 +101,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("pld", f"{_M}.pld:make_drafter", "prompt lookup: copy what followed the last n-gram's earlier match",
            (K(6), Option("max_ngram", 3, "longest n-gram matched against the prompt and the text so far "
                          "(shorter ones are tried next)", "int", low=1)), paper="Saxena 2023"),
-    Method("sps", f"{_M}.sps:make_drafter", "speculative sampling with a small draft model",
+    Method("sps", f"{_M}.sps.drafter:make_drafter", "speculative sampling with a small draft model",
            (DRAFT_MODEL, K(4)), paper="Leviathan et al. 2023; Chen et al. 2023"),
     Method("early_exit", f"{_M}.early_exit:make_drafter", "the target's first layers + its own head draft",
            (SPLIT, K(6), THRESHOLD(None), BRANCH, VOCAB)),
@@ -140,7 +140,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dvi", f"{_M}.dvi.drafter:make_drafter", "early exit + a head learned online from the verifier",
            (SPLIT, Option("state", None, "a DVIPolicy or a folder with policy.pt; None = this model's committed head"),
             K(6), THRESHOLD(0.6),
-            Option("load_verifier", False, "also load the slow verifier LoRA (lora_D) into the model", "bool"), VOCAB),
+            Option("load_verifier", False, "also load the slow verifier LoRA (lora_D) into the model", "bool"),
+            Option("vocab", None, "trimmed draft head (FR-Spec): None = the one the head was trained on (its "
+                   "file says; the full vocabulary if none); 'full'; an int N = the N tokens most frequent on the "
+                   "corpus; or a saved map's file (verification keeps the full head)")),
            paper="Bhansali & Heck 2025"),
 )}
 

@@ -21,8 +21,9 @@ def hf_generate(model, tokenizer) -> HFBaseline:
 
 
 def hf_assisted(model, tokenizer, draft_model=None, k: int = 4) -> HFBaseline:
-    """transformers' assisted generation with the same draft model as `sps`, at a constant K."""
-    from dvi_lite.methods.sps import resolve_draft
+    """transformers' assisted generation with the same draft model as `sps` (this model's committed draft by
+    default: `sps.draft.resolve_draft`), at a constant K."""
+    from dvi_lite.methods.sps.draft import resolve_draft
 
     return HFBaseline({"assistant_model": resolve_draft(model, draft_model), "num_assistant_tokens": k,
                        "num_assistant_tokens_schedule": "constant"})

@@ -22,8 +22,9 @@ def added_parameters(model, method: str, tokenizer: Any = None, **options: Any) 
     m = get_method(method)
     if method == "hf_assisted":
         from dvi_lite.methods.sps import resolve_draft
+        from dvi_lite.methods.sps.draft import added_values
 
-        return _count(resolve_draft(model, options.get("draft_model")))
+        return added_values(model, resolve_draft(model, options.get("draft_model")))  # shared embedding: not counted
     if not m.engine or method == "ar":
         return 0
     drafter = m.build(model, tokenizer, **options)

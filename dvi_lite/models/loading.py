@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
 
 COURSE_MODEL = DATA_DIR / "course_model"
-DRAFT_MODEL = DATA_DIR / "draft_model"
+DRAFT_MODEL = DATA_DIR / "draft_model"  # the course draft; a real model's is found by methods.sps.draft
 SMOLLM2_DIR = BUILD_DIR / "models" / "smollm2-135m-instruct"  # ignored: written by models/smollm2.py (make setup)
 MODELS = {"course": COURSE_MODEL, "smollm2": SMOLLM2_DIR}  # name -> checkpoint folder
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -153,8 +153,17 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None =
 
 
 def load_draft_model(path: str | Path | None = None, dtype: str | torch.dtype | None = None,
-                     device: str | torch.device | None = None) -> PreTrainedModel:
-    """The small draft model for speculative sampling (same tokenizer as the course model)."""
+                     device: str | torch.device | None = None, target: PreTrainedModel | None = None
+                     ) -> PreTrainedModel:
+    """The small draft model for speculative sampling: the course draft (data/draft_model) by default.
+
+    With `target`, the target's own draft (path None: its committed one, e.g. data/smollm2/sps/ for SmolLM2,
+    which shares the target's embedding and head; in the target's dtype and device, dtype/device ignored).
+    """
+    if target is not None:
+        from dvi_lite.methods.sps.draft import resolve_draft
+
+        return resolve_draft(target, path)
     model, _ = load_model(path if path is not None else DRAFT_MODEL, dtype=dtype, device=device)
     return model
 

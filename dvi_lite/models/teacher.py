@@ -75,8 +75,11 @@ def teacher_path(model) -> Path:
 
 
 def own_answers(model, tok, questions: list[dict], cfg: TeacherConfig) -> list[list[int]]:
-    """prompt + greedy answer ids for each question's first turn, generated in left-padded batches."""
-    prompts = [prompt_ids(tok, [{"role": "user", "content": q["turns"][0]}])[-cfg.prompt_tokens:] for q in questions]
+    """prompt + greedy answer ids for each question's first turn (through the chat template when the tokenizer
+    has one), generated in left-padded batches."""
+    chat = bool(getattr(tok, "chat_template", None))  # a base model (the course model) continues the raw turn
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q["turns"][0]}] if chat else q["turns"][0])
+               [-cfg.prompt_tokens:] for q in questions]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out: dict[int, list[int]] = {}

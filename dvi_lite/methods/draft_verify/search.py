@@ -6,7 +6,9 @@ model-independent (optuna TPE or GP over the mask z in {0,1}^(2L), with a skip-c
 trial budget and a wall-clock budget; tests run it on synthetic costs); `search` plugs in the measured
 objective, and `save_search` writes the best set with its score and the whole trial log, where
 `skipset.load_skip` finds it (`python -m dvi_lite draft-verify-search`). optuna is imported only here,
-when a search runs.
+when a search runs. The timed objective suits the course model; on a real model its noise exceeds the gaps
+between skip sets, so `prepare_smollm2` searches with the low-noise objective of `objective` instead
+(teacher-forced acceptance + a sub-layer cost model; the recipe is in `recipe`).
 """
 from __future__ import annotations
 
@@ -336,3 +338,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False, **kw) -> dict:
+    """SmolLM2's skip set by the low-noise recipe (`recipe.prepare_smollm2`): out_dir/skip.json + its card."""
+    from dvi_lite.methods.draft_verify.recipe import prepare_smollm2 as _prepare
+
+    return _prepare(model_path, Path(out_dir), command, smoke, **kw)

@@ -117,7 +117,8 @@ def save_heads(heads: MedusaHeads, model, path: str | Path = HEADS_PATH, card: d
 
 
 def heads_path(model) -> Path:
-    """The default heads file for this model: data/medusa/heads.pt for the course model."""
+    """The default heads file for this model, whatever dtype it is loaded in (the fingerprint is dtype-independent):
+    data/medusa/heads.pt for the course model, data/smollm2/medusa/heads.pt for SmolLM2."""
     return artifacts_dir(model) / "medusa" / HEADS_PATH.name
 
 
@@ -126,7 +127,8 @@ def load_heads(model, path: str | Path | None = None) -> MedusaHeads:
     path = Path(path) if path is not None else heads_path(model)
     if not path.is_file():
         raise FileNotFoundError(f"no Medusa heads at {path}; train them with `{TRAIN_COMMAND} --heads 4` "
-                                "(or pass heads=...)")
+                                "(SmolLM2: `python -m dvi_lite prepare --model smollm2`, the teacher-distilled "
+                                "recipe in medusa/teacher_train.py; or pass heads=...)")
     return load_cached("medusa", model, path, lambda: _load_heads(model, path))
 
 

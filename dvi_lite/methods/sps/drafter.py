@@ -7,40 +7,28 @@ which the draft proposed but never fed back through itself).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner
-from dvi_lite.models.artifacts import load_cached
-from dvi_lite.models.loading import DRAFT_MODEL, load_draft_model, vocab_size
-
-
-def resolve_draft(model, draft_model=None):
-    """The given draft model (object or folder), or the committed course draft model (loaded once per model).
-
-    Checks the vocabularies agree: rejection sampling compares p and q token by token.
-    """
-    if draft_model is None or isinstance(draft_model, (str, bytes)) or hasattr(draft_model, "__fspath__"):
-        path = DRAFT_MODEL if draft_model is None else os.fsdecode(draft_model)
-        w = model.get_output_embeddings().weight  # the draft goes where the target's head is, in its dtype
-        draft_model = load_cached("draft_model", model, path,
-                                  lambda: load_draft_model(path, dtype=w.dtype, device=str(w.device)))
-    if vocab_size(draft_model) != vocab_size(model):
-        raise ValueError(f"draft model vocabulary ({vocab_size(draft_model)}) differs from the target's "
-                         f"({vocab_size(model)}): speculative sampling needs the same tokenizer")
-    return draft_model
+from dvi_lite.methods.sps.draft import added_values, resolve_draft
 
 
 class DraftModelDrafter(Drafter):
     name = "sps"
 
-    def __init__(self, draft_model, k: int = 4):
+    def __init__(self, draft_model, k: int = 4, target=None):
         self.runner = Runner.for_model(draft_model)
         self.k = check_int("k (draft length)", k, 1)
         self.max_draft = self.k
+        self._added = added_values(target, draft_model) if target is not None else None
+
+    def extra_params(self) -> int:
+        """Values the draft adds to the target (a shared embedding / head is not counted)."""
+        if self._added is None:
+            return sum(p.numel() for p in self.runner.model.parameters())
+        return self._added
 
     def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:
         self.cache = self.runner.new_cache(state.cache.max_len)
@@ -77,5 +65,6 @@ class DraftModelDrafter(Drafter):
 
 
 def make_drafter(model, tokenizer, draft_model=None, k: int = 4) -> Drafter:
-    """Speculative sampling with a separate small draft model (default: data/draft_model)."""
-    return DraftModelDrafter(resolve_draft(model, draft_model), k)
+    """Speculative sampling with a separate small draft model (default: this model's committed draft,
+    `draft.default_draft_path`)."""
+    return DraftModelDrafter(resolve_draft(model, draft_model), k, target=model)

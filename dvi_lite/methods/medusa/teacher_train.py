@@ -1,0 +1,348 @@
+"""Medusa heads for a real model, distilled from the teacher's stored outputs (models/teacher.py).
+
+The course recipe (train.py) runs the frozen model inside every step; on a 30-layer model on a CPU that
+forward is most of the cost, so here the teacher's outputs are computed once and the heads learn from them:
+
+    input:  teacher.final[n, t], the last layer's pre-norm state h_t (the heads apply the model's norm);
+    head i on h_t predicts x_{t+2+i} (heads.py's convention), so its target is the teacher's top-k at
+            position t+1+i (the teacher's own prediction of that token); a position whose target t+1+i
+            falls outside the row's mask is skipped for that head.
+    loss:   soft cross-entropy to the teacher's renormalised top-k (models.teacher.soft_ce), head i weighted
+            0.8^i (Medusa-1's lambda). Medusa-1 trains with CE on the model's outputs; ours is Medusa-2's
+            self-distillation, with soft targets.
+
+Heads: the frozen norm + a trainable ResBlock each + the model's shared, frozen LM head (only the ResBlocks
+train, so the committed file is small). The loss reads the LM head trimmed to the N most frequent tokens
+(models.vocab): the teacher's top-k ids outside the map are dropped and the rest renormalised. Decoding
+keeps the full head. Steps draw random (row, position) pairs from the training rows.
+
+Accuracy: on held-out rows (chosen by a seed), head i's rank-r token against the teacher's argmax at
+t+1+i: what greedy verification accepts at depth i when the path before it was right. The table is saved
+in the heads (MedusaHeads.accuracies) and is what sparse trees are built from.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dvi_lite.course_model.train import TrainConfig, lr_at
+from dvi_lite.methods.medusa.heads import MedusaHeads, save_heads
+from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, soft_ce, teacher_outputs, teacher_path
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
+from dvi_lite.paths import BUILD_DIR
+
+PAPER_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)  # Medusa-1 (Cai et al. 2024, Vicuna-7B): heads' top-1 accuracy
+DEVICE = "cpu, 2 cores"
+
+
+@dataclass
+class DistillConfig:
+    heads: int = 4  # number of heads H
+    steps: int = 600  # optimiser steps
+    batch_size: int = 512  # (row, position) pairs per step
+    lr: float = 2e-3  # peak learning rate (zero-init ResBlocks, few steps: twice Medusa-1's 1e-3)
+    min_lr_frac: float = 0.1  # cosine floor: never decay to zero
+    warmup: int = 20  # linear warm-up steps
+    grad_clip: float = 1.0  # global norm clip
+    head_decay: float = 0.8  # head i's loss weight is head_decay**i
+    vocab: int | None = 8192  # the loss's trimmed head size N (loss_vocab); None = every id the teacher names
+    val_frac: float = 0.1  # held-out rows (accuracy; never trained on)
+    branch: int = 8  # ranks measured per head (sparse trees read up to this many)
+    eval_positions: int = 4096  # held-out positions the accuracy is measured on (at most)
+    ckpt_every_s: float = 60.0  # seconds between checkpoints
+    seed: int = 0  # row split, position order, evaluation sample
+
+
+def check_distill(cfg: DistillConfig) -> DistillConfig:
+    for name in ("heads", "steps", "batch_size", "branch", "eval_positions"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if not 0.0 < cfg.val_frac < 1.0:
+        raise ValueError(f"val_frac must lie in (0, 1), got {cfg.val_frac}")
+    return cfg
+
+
+def split_rows(n_rows: int, val_frac: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train rows, held-out rows), sorted: a seeded permutation, so both keep answers and corpus windows."""
+    if n_rows < 2:
+        raise ValueError(f"the teacher data has {n_rows} row(s); a train / held-out split needs >= 2")
+    perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed))
+    n_val = min(n_rows - 1, max(1, round(n_rows * val_frac)))
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def positions(mask: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, t) pairs (P,), (P,) of `rows` where t and t+1 are real tokens (head 0 has a target)."""
+    ok = torch.zeros_like(mask)
+    ok[rows, :-1] = mask[rows, :-1] & mask[rows, 1:]
+    n, t = ok.nonzero(as_tuple=True)
+    return n, t
+
+
+def head_targets(data: TeacherData, n: torch.Tensor, t: torch.Tensor, i: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Head i at (n, t) predicts x_{t+2+i}: the teacher's top ids (B, k) and log-probs (B, k) at t+1+i, and
+    whether that position is a real token of the row (B,) (targets of skipped positions are arbitrary)."""
+    s = t + 1 + i
+    inside = s < data.mask.shape[1]
+    s = s.clamp(max=data.mask.shape[1] - 1)
+    return data.top_ids[n, s], data.top_logp[n, s], inside & data.mask[n, s]
+
+
+def trim_targets(ids: torch.Tensor, logp: torch.Tensor, index_of: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher top-k (B, k) -> (indices in the trimmed head (B, k), log-probs with -inf where the token is off
+    the map (soft_ce renormalises over the rest), whether any token is kept (B,))."""
+    j = index_of[ids]  # (B, k), -1 = not in the map
+    kept = j >= 0
+    return j.clamp(min=0), logp.float().masked_fill(~kept, float("-inf")), kept.any(-1)
+
+
+def loss_vocab(data: TeacherData, rows: torch.Tensor, base: torch.Tensor, n: int) -> torch.Tensor:
+    """The loss's trimmed-head ids (n,): the teacher's argmax tokens on the training rows, most frequent first,
+    then `base` (the corpus-counted map) to fill up to n. A map counted on the course corpus alone misses many
+    of the chat answers' tokens, and a head never learns a token that is off the map."""
+    m = data.mask[rows]
+    counts = torch.bincount(data.top_ids[rows][..., 0][m].reshape(-1), minlength=int(base.max()) + 1)
+    seen = counts.nonzero().squeeze(1)
+    own = seen[counts[seen].argsort(descending=True, stable=True)]
+    extra = base[~torch.isin(base, own)]
+    return torch.cat([own, extra])[:n]
+
+
+def head_weights(cfg: DistillConfig) -> list[float]:
+    w = [cfg.head_decay ** i for i in range(cfg.heads)]
+    return [x / sum(w) for x in w]
+
+
+def distill_step(heads: MedusaHeads, trimmed: TrimmedHead, index_of: torch.Tensor, data: TeacherData,
+                 n: torch.Tensor, t: torch.Tensor, cfg: DistillConfig) -> list[float]:
+    """Forward + backward of one batch of positions, one head at a time; returns the per-head losses."""
+    h = data.final[n, t].float()  # (B, D)
+    losses = []
+    for i, w in enumerate(head_weights(cfg)):
+        ids, logp, ok = head_targets(data, n, t, i)
+        j, lp, kept = trim_targets(ids, logp, index_of)
+        sel = ok & kept
+        if not bool(sel.any()):
+            losses.append(float("nan"))
+            continue
+        logq = trimmed.small(heads.features(i, h[sel])).float().log_softmax(-1)  # (b, N)
+        loss = soft_ce(logq, j[sel], lp[sel]).mean()
+        (w * loss).backward()
+        losses.append(loss.item())
+    return losses
+
+
+_SHAPE_KEYS = ("heads", "batch_size", "lr", "vocab", "val_frac", "seed", "head_decay")
+
+
+def distill(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHead, cfg: DistillConfig, rows: torch.Tensor,
+            ckpt: Path | None = None, resume: bool = False, stop_after: int | None = None,
+            progress: bool = True) -> list[dict]:
+    """AdamW on the ResBlocks; returns the log [{step, loss, per_head, lr, time_s}].
+
+    ckpt: checkpoint file (every cfg.ckpt_every_s and at the end); resume: continue from it (heads, optimiser,
+    position order, log). stop_after: leave after this many steps of this call (run again with resume=True).
+    """
+    check_distill(cfg)
+    index_of = torch.full((trimmed.vocab_size,), -1, dtype=torch.long)
+    index_of[trimmed.ids.cpu()] = torch.arange(len(trimmed))
+    pos_n, pos_t = positions(data.mask, rows)
+    if pos_n.numel() == 0:
+        raise ValueError("the training rows have no position with a next token to learn from")
+    params = heads.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    tcfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, log, elapsed = 0, [], 0.0
+    if resume and ckpt is not None and Path(ckpt).is_file():
+        ck = torch.load(ckpt, weights_only=False, map_location="cpu")
+        made, want = {k: ck["config"].get(k) for k in _SHAPE_KEYS}, {k: asdict(cfg)[k] for k in _SHAPE_KEYS}
+        if made != want:
+            raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop resume")
+        heads.load_state_dict(ck["heads"])
+        opt.load_state_dict(ck["opt"])
+        gen.set_state(ck["gen"])
+        step, log, elapsed = ck["step"], ck["log"], ck["elapsed"]
+    heads.train()
+    t0, last = time.time() - elapsed, time.time()
+    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+    bar = tqdm(range(step, end), initial=step, total=cfg.steps, desc=f"medusa {cfg.heads} heads (teacher)",
+               disable=not progress)
+    for step in bar:
+        lr = lr_at(step, tcfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        pick = torch.randint(pos_n.numel(), (cfg.batch_size,), generator=gen)
+        opt.zero_grad(set_to_none=True)
+        per_head = distill_step(heads, trimmed, index_of, data, pos_n[pick], pos_t[pick], cfg)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True) if v == v)
+        log.append({"step": step + 1, "loss": loss, "per_head": per_head, "lr": lr, "time_s": time.time() - t0})
+        bar.set_postfix(loss=f"{loss:.3f}", head0=f"{per_head[0]:.3f}")
+        if ckpt is not None and (time.time() - last > cfg.ckpt_every_s or step + 1 == end):
+            Path(ckpt).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(ckpt).with_suffix(".tmp")
+            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "step": step + 1, "log": log, "elapsed": time.time() - t0, "config": asdict(cfg)}, tmp)
+            tmp.replace(ckpt)
+            last = time.time()
+    heads.eval()
+    return log
+
+
+@torch.no_grad()
+def teacher_accuracy(heads: MedusaHeads, data: TeacherData, rows: torch.Tensor, branch: int = 8,
+                     max_positions: int = 4096, seed: int = 0, chunk: int = 256, answer_rows: int = 0) -> dict:
+    """Each head's rank-r token vs the teacher's argmax at t+1+i, on (up to max_positions) positions of `rows`.
+
+    Returns top1 [H] (= rank_accuracy[i][0]), rank_accuracy (H, branch) (the input of trees.sparse_tree), n [H]
+    (positions with a target for head i), and top1_answers / top1_corpus: the same on rows < answer_rows (the
+    model's own answers, which come first in the teacher data) and on the rest.
+    """
+    n_all, t_all = positions(data.mask, rows)
+    if n_all.numel() == 0:
+        raise ValueError("the held-out rows have no position with a target")
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n_all.numel(), generator=g)[:max_positions].sort().values
+    n_all, t_all = n_all[pick], t_all[pick]
+    H = heads.num_heads
+    was_training = heads.training
+    heads.eval()
+    hits = torch.zeros(3, H, branch)  # all / answers / corpus
+    counts = torch.zeros(3, H)
+    for c in range(0, n_all.numel(), chunk):
+        n, t = n_all[c: c + chunk], t_all[c: c + chunk]
+        dtype = next(heads.parameters()).dtype
+        top = heads(data.final[n, t].to(dtype)).topk(branch, -1).indices.cpu()  # (H, b, branch)
+        groups = (torch.ones_like(n, dtype=torch.bool), n < answer_rows, n >= answer_rows)
+        for i in range(H):
+            ids, _, ok = head_targets(data, n, t, i)
+            hit = (top[i] == ids[:, :1]).float()  # (b, branch): the teacher's argmax = the greedy token
+            for gi, grp in enumerate(groups):
+                sel = ok & grp
+                hits[gi, i] += hit[sel].sum(0)
+                counts[gi, i] += sel.sum()
+    heads.train(was_training)
+    acc = hits / counts.clamp(min=1)[..., None]  # (3, H, branch)
+    return {"top1": acc[0, :, 0].tolist(), "rank_accuracy": acc[0].tolist(), "n": counts[0].long().tolist(),
+            "top1_answers": acc[1, :, 0].tolist() if counts[1].sum() else None,
+            "top1_corpus": acc[2, :, 0].tolist() if counts[2].sum() else None}
+
+
+def beside_paper(top1: list[float]) -> list[dict]:
+    """Per head: our measured top-1 next to Medusa-1's (None past the paper's five heads)."""
+    return [{"head": i, "ours": a, "paper": PAPER_TOP1[i] if i < len(PAPER_TOP1) else None}
+            for i, a in enumerate(top1)]
+
+
+def smoke_teacher(model, tok) -> TeacherData:
+    """A tiny teacher (8 windows of 48 tokens of the course corpus' first documents), in seconds: CI's data."""
+    from dvi_lite.course_model.corpus import load_docs
+
+    cfg = TeacherConfig(layers=(1,), answers=0, corpus_windows=8, seq_len=48, top_k=8)
+    rows = [tok(d.text, add_special_tokens=False)["input_ids"][: cfg.seq_len] for d in load_docs("train")[:8]]
+    data = teacher_outputs(model, [r for r in rows if len(r) > 8], cfg)
+    data.card = {"config": asdict(cfg), "smoke": True}
+    return data
+
+
+def _short_commit() -> str:
+    import subprocess
+
+    from dvi_lite.paths import ROOT
+
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
+    """The recipe: distil Medusa heads from the teacher data; save heads.pt (fp16) + heads.json in out_dir.
+
+    Reads build/teacher/<fingerprint>/teacher.pt (`python -m dvi_lite teacher --model smollm2` builds it) and
+    the model's trimmed-vocabulary map (models.vocab, top `vocab` tokens). Resumes from its checkpoint when
+    run again. smoke: a tiny teacher built here, 2 heads, 3 steps (seconds, for CI). Returns the card.
+    """
+    from dvi_lite.models.loading import load_model
+    from dvi_lite.study.provenance import provenance
+
+    out_dir = Path(out_dir)
+    model, tok = load_model(model_path, dtype="float32")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if smoke:
+        cfg = DistillConfig(heads=2, steps=3, batch_size=32, warmup=1, vocab=None, val_frac=0.25, branch=4,
+                            eval_positions=64, ckpt_every_s=1e9)
+        tpath = "(smoke: built in memory)"
+        data = smoke_teacher(model, tok)
+        ckpt = out_dir / "distill_ckpt.pt"
+    else:
+        cfg = DistillConfig()
+        tpath = teacher_path(model)
+        data = load_teacher(tpath)
+        tag = hashlib.sha1(str(out_dir.resolve()).encode()).hexdigest()[:8]
+        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_{tag}.pt"
+    torch.manual_seed(cfg.seed)
+    train_rows, val_rows = split_rows(data.tokens.shape[0], cfg.val_frac, cfg.seed)
+    if cfg.vocab is None:  # smoke: the teacher's own ids
+        trimmed = resolve_vocab(model, tok, torch.unique(data.top_ids).tolist())
+    else:
+        base = resolve_vocab(model, tok, cfg.vocab).ids.cpu()  # data/<model>/vocab/top<N>.pt (corpus counts)
+        trimmed = resolve_vocab(model, tok, loss_vocab(data, train_rows, base, cfg.vocab))
+    heads = MedusaHeads(model, cfg.heads, norm=True, shared_lm_head=True)
+    log = distill(heads, data, trimmed, cfg, train_rows, ckpt, resume=True, progress=not smoke)
+    t_eval = time.time()
+    answer_rows = len(data.card.get("questions", []))
+    acc = teacher_accuracy(heads, data, val_rows, cfg.branch, cfg.eval_positions, cfg.seed, answer_rows=answer_rows)
+    train_s = log[-1]["time_s"] if log else 0.0  # includes the time of resumed runs
+    heads.accuracies = acc["rank_accuracy"]
+    card = {"method": "medusa", "num_heads": cfg.heads, "norm": True, "shared_lm_head": True,
+            "trainable_params": sum(p.numel() for p in heads.trainable_parameters()), "dtype": "float16",
+            "recipe": "self-distillation from the teacher's top-k (soft CE, 0.8^i head weights), trimmed-vocab loss",
+            "data": {"teacher": str(tpath), "teacher_card": data.card, "train_rows": len(train_rows),
+                     "heldout_rows": val_rows.tolist(), "train_positions": int(positions(data.mask, train_rows)[0]
+                                                                                .numel())},
+            "steps": cfg.steps, "positions_seen": cfg.steps * cfg.batch_size, "loss_vocab": len(trimmed),
+            "loss_vocab_recipe": "teacher argmax ids on the training rows by frequency, then the corpus map top<N>",
+            "final_loss_per_head": log[-1]["per_head"] if log else None,
+            "accuracy": acc, "top1_vs_paper": beside_paper(acc["top1"]),
+            "wall_time_s": round(train_s + time.time() - t_eval, 1), "train_time_s": round(train_s, 1),
+            "config": asdict(cfg), "device": DEVICE, "smoke": smoke, "command": command,
+            "provenance": provenance(command, "cpu"), "log": log[:: max(1, len(log) // 40)]}
+    card["commit"] = _short_commit()
+    save_heads(heads, model, out_dir / "heads.pt", card)
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    from dvi_lite.paths import DATA_DIR
+
+    prog = "python -m dvi_lite.methods.medusa.teacher_train"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="'smollm2' (default), 'course' or a local HF checkpoint folder")
+    ap.add_argument("--out", default=str(DATA_DIR / "smollm2" / "medusa"), help="folder for heads.pt + heads.json")
+    ap.add_argument("--smoke", action="store_true", help="a tiny teacher, 2 heads, 3 steps (seconds)")
+    args = ap.parse_args(argv)
+    command = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
+    try:
+        card = prepare_smollm2(args.model, Path(args.out), command, args.smoke)
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
+    print(json.dumps({k: card[k] for k in ("top1_vs_paper", "final_loss_per_head", "wall_time_s")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
