@@ -188,3 +188,15 @@ def test_dvi_modules_import_without_the_course_extra():
             "    importlib.import_module('dvi_lite.methods.dvi.' + m)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_for_model_drives_a_real_run_on_a_named_model():
+    """LambdaWidget.for_model: a model name (here the course model; the notebook passes "smollm2"), the Spec-Bench
+    dev training stream, the model's eos; a click runs real online training on that model."""
+    w = LambdaWidget.for_model("course", dtype="float32", cfg=DVIConfig(**{**BASE, "fast_every": 4, "batch_size": 4}),
+                               questions=3, vocab=None, max_new_tokens=8, horizon=20, steps_per_click=1)
+    assert len(w.prompts_ids) == 3 and w.trainer_kwargs["eos_token_id"] == w.tokenizer.eos_token_id
+    recs = w.train(1)
+    assert len(recs) == 1 and w.trainer.fast_step == 1 and math.isfinite(recs[0]["loss"])
+    with pytest.raises(ValueError, match="tokenizer"):
+        LambdaWidget.for_model(w.model)  # a loaded model needs its tokenizer

@@ -9,10 +9,14 @@ from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.study.table import check_bench, finite, require
 
-# the notebook's baseline recipe: forward-KL warm-up decaying to the surrogate policy term, 3e-3 (the
-# learning rate that trained the exit head fastest in an offline check on course-model experiences)
-BASE = DVIConfig(split=2, tau=40.0, kl_floor=0.05, rl_variant="surrogate", ce_weight=0.2, lr=3e-3,
+# the notebook's baseline recipe: the paper's objective (forward-KL warm-up decaying to the reward-driven
+# policy-gradient term with an EMA baseline, CE anchor, KL floor), 3e-3 (the learning rate that trained the
+# exit head fastest in an offline check on course-model experiences)
+BASE = DVIConfig(split=2, tau=40.0, kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=3e-3,
                  fast_every=32, batch_size=32, buffer_size=2048)
+ABLATION = "15_dvi_smollm2.json"  # results/: DVI vs KL-only vs pure RL on SmolLM2 (methods/dvi/ablation.py)
+ARM_NAMES = {"dvi": "DVI (KL warm-up -> reward PG, CE anchor, KL floor)", "kl": "KL-only online distillation",
+             "rl": "pure RL (reward only)"}
 
 
 def config(**overrides) -> DVIConfig:
@@ -87,3 +91,48 @@ def check_invariants(before_after_: dict, records: list[dict], steps: int, res: 
             require(0 <= ev["alpha"] <= 1, f"held-out alpha {when} training = {ev['alpha']}")
     return [f"main run: {steps} fast steps, finite losses; held-out tau >= 1 before and after",
             check_bench(res, methods)]
+
+
+def load_ablation(path: str | Path | None = None) -> dict:
+    """The real-model ablation (results/15_dvi_smollm2.json, written by `python -m dvi_lite.methods.dvi.ablation`)."""
+    import json
+
+    from dvi_lite.study.provenance import RESULTS_DIR
+
+    p = Path(path) if path is not None else RESULTS_DIR / ABLATION
+    if not p.is_file():
+        raise FileNotFoundError(f"no ablation results at {p}; run `python -m dvi_lite.methods.dvi.ablation "
+                                f"--json {p}` (about 5 minutes per arm on 2 CPU cores)")
+    return json.loads(p.read_text())
+
+
+def ablation_rows(res: dict) -> list[dict]:
+    """One row per arm: fast steps, stream acceptance at the start and the end, held-out tau / alpha after."""
+    before = res["heldout_before"]
+    rows = [{"arm": "untrained early exit", "fast_steps": 0, "stream_accept_first": None, "stream_accept_last": None,
+             "heldout_tau": before["tau"], "heldout_alpha": before["alpha"]}]
+    for arm, r in res["arms"].items():
+        c = r["curve"]
+        rows.append({"arm": ARM_NAMES.get(arm, arm), "fast_steps": r["fast_steps"],
+                     "stream_accept_first": c[0]["accept_rate"] if c else None,
+                     "stream_accept_last": c[-1]["accept_rate"] if c else None,
+                     "heldout_tau": r["heldout"]["tau"], "heldout_alpha": r["heldout"]["alpha"]})
+    return rows
+
+
+def ablation_figure(res: dict):
+    """Acceptance over the question stream per arm (left) and the final heads' held-out tau (right)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["acceptance over the stream (per bin of questions)",
+                                                        "held-out tau (greedy, bench questions)"])
+    for arm, r in res["arms"].items():
+        xs = [b["questions"][1] for b in r["curve"]]
+        fig.add_scatter(x=xs, y=[b["accept_rate"] for b in r["curve"]], mode="lines+markers",
+                        name=ARM_NAMES.get(arm, arm), row=1, col=1)
+    rows = ablation_rows(res)
+    fig.add_bar(x=[r["arm"] for r in rows], y=[r["heldout_tau"] for r in rows], showlegend=False, row=1, col=2)
+    fig.update_xaxes(title_text="questions answered", row=1, col=1)
+    fig.update_layout(title=f"DVI ablation on {res.get('model')} ({res.get('dtype')}), exit layer "
+                            f"{res['recipe']['split']}, same stream for every arm")
+    return fig

@@ -12,7 +12,10 @@ serves. Optional slow updates keep a LoRA on the verifier tracking the stream.
     drafter.py     DVIDrafter, make_drafter (method="dvi"), evaluate
     learner.py     OnlineTrainer: decode -> buffer -> fast / slow updates
     checkpoint.py  the trainer's checkpoints (trainer.pt, policy.pt)
-    cli.py         `python -m dvi_lite dvi`: train on corpus prompts
+    cli.py         `python -m dvi_lite dvi`: train on corpus prompts or the Spec-Bench dev question stream
+    serve.py       learning while serving on a real model: the question stream, the ablation arms,
+                   prepare_smollm2 (the committed SmolLM2 head's recipe)
+    ablation.py    `python -m dvi_lite.methods.dvi.ablation`: DVI vs KL-only vs pure RL on one stream
     widget.py      the lambda_t lab of notebook 05 (ipywidgets + plotly, imported lazily)
     figure.py      the widget's live figure (plotly, imported lazily)
 

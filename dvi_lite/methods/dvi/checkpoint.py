@@ -42,7 +42,7 @@ class Checkpointing:
                 "fresh_rewards": list(self.fresh_rewards), "sequences": [list(s) for s in self.sequences],
                 "recent": {"acc": list(self._recent_acc), "time": self._recent_time, "new": self._recent_new,
                            **self.recent},
-                "meta": self.meta}
+                "meta": self.meta, "vocab": self._vocab_n()}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         if st["fingerprint"] != fingerprint(self.model):
@@ -50,6 +50,9 @@ class Checkpointing:
         if st["config"] != self.cfg.to_dict():
             diff = {k: (v, st["config"].get(k)) for k, v in self.cfg.to_dict().items() if st["config"].get(k) != v}
             raise ValueError(f"DVI checkpoint config differs from this trainer's (now, saved): {diff}")
+        if st.get("vocab") != self._vocab_n():
+            raise ValueError(f"DVI checkpoint was trained with vocab={st.get('vocab')} (trimmed head size; None = "
+                             f"full), this trainer has vocab={self._vocab_n()}")
         if bool(st["slow_updates"]) != self.slow_updates:
             raise ValueError(f"DVI checkpoint has slow_updates={st['slow_updates']}, this trainer {self.slow_updates}")
         self.policy.load_trainable_state(st["policy"])
@@ -96,13 +99,27 @@ class Checkpointing:
                     if ln.strip() and json.loads(ln)["step"] <= self.fast_step]
             self.log_path.write_text("".join(ln + "\n" for ln in keep))
 
-    def save_policy(self, path: str | Path) -> Path:
-        """policy.pt in a dir: what method="dvi" loads (split, model fingerprint, lora_S + head, lora_D)."""
+    def _vocab_n(self) -> int | None:
+        """The trimmed draft head's size N the trainer learns on (None: the full vocabulary)."""
+        vocab = getattr(self, "vocab", None)
+        return None if vocab is None else len(vocab)
+
+    def save_policy(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """policy.pt in a dir: what method="dvi" loads (split, model fingerprint, lora_S + head, lora_D).
+
+        dtype: store the head's tensors in it (e.g. torch.bfloat16 for a committed file; None = as trained,
+        float32); loading copies them into the policy's float32 parameters. "vocab" records the trimmed head
+        size N the head was trained with (draft with the same `vocab`).
+        """
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
+        pol = self.policy.trainable_state()
+        if dtype is not None:
+            pol = {k: ({n: t.to(dtype) for n, t in v.items()} if isinstance(v, dict) else v.to(dtype))
+                   for k, v in pol.items()}
         bundle = {"version": 1, "split": self.cfg.split, "fingerprint": fingerprint(self.model),
                   "lora_rank": self.cfg.lora_rank, "lora_alpha": self.cfg.lora_alpha, "fast_step": self.fast_step,
-                  "policy": self.policy.trainable_state(),
+                  "vocab": self._vocab_n(), "policy": pol,
                   "lora_D": verifier_lora_state(self.model) if self.slow_updates else None}
         _save(bundle, d / POLICY_FILE)
         return d / POLICY_FILE

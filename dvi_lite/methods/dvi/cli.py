@@ -1,7 +1,13 @@
-"""`python -m dvi_lite dvi`: online DVI training on corpus prompts (also the GPU entry point).
+"""`python -m dvi_lite dvi`: online DVI training on corpus prompts or a question stream (also the GPU entry point).
 
     python -m dvi_lite dvi --steps 300                       # the course model, on the CPU
+    python -m dvi_lite dvi --model smollm2 --dtype bfloat16 --prompts specbench --vocab 8192 --split 5 \
+        --steps 100 --save-dtype bfloat16                    # SmolLM2: chat-formatted Spec-Bench dev questions
     python -m dvi_lite dvi --steps 2000 --device cuda --dtype bfloat16 --model <folder> --out <dir>
+
+--prompts specbench streams Spec-Bench dev's training questions (serve.question_stream: never the bench's
+own), chat-formatted; the held-out evaluation then uses the bench's first questions. The ablation and the
+committed SmolLM2 head's recipe are in serve.py / ablation.py.
 
 It writes policy.pt (what method="dvi" loads), card.json (config, before/after evaluation,
 provenance) and log.jsonl (one record per fast step), and checkpoints for --resume.
@@ -57,7 +63,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
-    ap.add_argument("--prompts", default=None, help="JSONL prompts (field 'prompt'); default: corpus train split")
+    ap.add_argument("--prompts", default=None, help="JSONL prompts (field 'prompt'), or 'specbench' (Spec-Bench dev "
+                    "training questions, chat-formatted for a chat model); default: corpus train split")
+    ap.add_argument("--vocab", default=None, help="trimmed draft head: N (this model's top-N map), a map file "
+                    "or 'full' (the default: the full vocabulary)")
+    ap.add_argument("--save-dtype", default=None, choices=["bfloat16", "float16"],
+                    help="store policy.pt in half precision (default: float32, as trained)")
     ap.add_argument("--prompts-per-domain", type=int, default=400)
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -102,24 +113,36 @@ def train(args: argparse.Namespace, command: str) -> dict:
         p.requires_grad_(False)
     runner = Runner.for_model(model)
     cfg = cfg.for_layers(runner.n_layers)
-    prompts = train_prompts(tok, args.prompts, args.prompts_per_domain, cfg.seed, args.max_prompt_tokens)
+    specbench = args.prompts == "specbench"
+    if specbench:
+        from dvi_lite.methods.dvi.serve import heldout_questions, question_stream
+
+        prompts, _ = question_stream(tok, cfg.seed, args.max_prompt_tokens)
+    else:
+        prompts = train_prompts(tok, args.prompts, args.prompts_per_domain, cfg.seed, args.max_prompt_tokens)
+    vocab = None if args.vocab in (None, "full") else int(args.vocab) if args.vocab.isdigit() else args.vocab
     out = Path(args.out) if args.out else artifacts_dir(model) / "dvi"
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ROOT / "build" / "ckpt" / f"dvi_k{cfg.split}"
     trainer = OnlineTrainer(model, prompts, cfg, slow_updates=args.slow, max_new_tokens=args.max_new_tokens,
                             k=args.k, temperature=args.temperature, total_steps=args.steps,
                             eos_token_id=tok.eos_token_id, log_path=out / "log.jsonl", ckpt_dir=ckpt,
-                            ckpt_every=args.ckpt_every)
+                            ckpt_every=args.ckpt_every, vocab=vocab)
     if args.resume and (ckpt / TRAINER_FILE).is_file():
         trainer.load_checkpoint()
     elif trainer.log_path.is_file():
         trainer.log_path.unlink()  # a fresh run starts a fresh log
-    held = [r["prompt"] for r in load_prompts(n=args.eval_prompts)] if args.eval_prompts else []
-    ev = dict(max_new_tokens=args.max_new_tokens, k=args.k, threshold=None)
+    if not args.eval_prompts:
+        held = []
+    elif specbench:
+        held = heldout_questions(tok, args.eval_prompts)[0]
+    else:
+        held = [r["prompt"] for r in load_prompts(n=args.eval_prompts)]
+    ev = dict(max_new_tokens=args.max_new_tokens, k=args.k, threshold=None, vocab=trainer.vocab)
     if held and "eval_before" not in trainer.meta:
         trainer.meta["eval_before"] = evaluate(model, tok, held, trainer.policy, **ev)
     trainer.train(max(0, args.steps - trainer.fast_step))
     trainer.save_checkpoint()
-    trainer.save_policy(out)
+    trainer.save_policy(out, dtype=getattr(torch, args.save_dtype) if args.save_dtype else None)
     after = evaluate(model, tok, held, trainer.policy, **ev) if held else None
     log = [json.loads(x) for x in trainer.log_path.read_text().splitlines()] if trainer.log_path.is_file() else []
     card = {"method": "dvi", "split": cfg.split, "fast_steps": trainer.fast_step, "slow_steps": trainer.slow_step,
@@ -130,7 +153,8 @@ def train(args: argparse.Namespace, command: str) -> dict:
             "wall_time_s": trainer.elapsed, "config": cfg.to_dict(),
             "run": {"max_new_tokens": args.max_new_tokens, "k": args.k,
                     "temperature": args.temperature, "dtype": str(next(model.parameters()).dtype),
-                    "model": args.model or "course model", "prompts": args.prompts or "corpus train split"},
+                    "model": args.model or "course model", "prompts": args.prompts or "corpus train split",
+                    "vocab": args.vocab},
             "provenance": provenance(command, device=runner.device),
             "log": log[:: max(1, len(log) // 100)]}
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")

@@ -80,7 +80,9 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
     state: a dir with policy.pt (None = this model's committed policy), or a DVIPolicy (e.g.
     OnlineTrainer.policy). split=None: the policy's own exit layer; a given split must match it.
     Greedy output equals plain greedy decoding of the model (lora_D, if loaded, is part of the model).
-    vocab: a trimmed draft head (models.vocab.resolve_vocab: None = full, an int N, a saved map's path).
+    vocab: a trimmed draft head (models.vocab.resolve_vocab: an int N, a saved map's path); None = the head
+    the policy was trained on (its file's "vocab": this model's top-N map, or the full vocabulary); "full" =
+    the full vocabulary whatever the policy was trained on.
     """
     r = Runner.for_model(model)
     if split is not None:
@@ -91,20 +93,26 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
         policy = state
     else:
         policy = load_policy(model, state, split, load_verifier)
+    if vocab is None:
+        vocab = getattr(policy, "trained_vocab", None)
+    elif isinstance(vocab, str) and vocab == "full":
+        vocab = None
     return DVIDrafter(r, policy, k, threshold, vocab=resolve_vocab(model, tokenizer, vocab))
 
 
-def evaluate(model, tokenizer, prompts: Sequence[str | Sequence[int]], state: str | Path | DVIPolicy | None = None,
+def evaluate(model, tokenizer, prompts: Sequence[Any], state: str | Path | DVIPolicy | None = None,
              max_new_tokens: int = 64, k: int = 6, threshold: float | None = None,
-             temperature: float = 0.0) -> dict[str, Any]:
+             temperature: float = 0.0, vocab: Any = None) -> dict[str, Any]:
     """tau (tokens per target forward), alpha (per-token acceptance) and tokens/s of method="dvi" on prompts.
 
     Call it before and after training (state=trainer.policy) to see what the online loop bought.
+    prompts: str, token ids or chat messages (generate's prompts); vocab: the drafter's (trainer.vocab).
     """
     steps, new, secs = [], 0, 0.0
     for i, p in enumerate(prompts):
         out = generate(model, tokenizer, p if isinstance(p, str) else list(p), method="dvi", state=state,
-                       max_new_tokens=max_new_tokens, k=k, threshold=threshold, temperature=temperature, seed=i)
+                       max_new_tokens=max_new_tokens, k=k, threshold=threshold, temperature=temperature, seed=i,
+                       **({} if vocab is None else {"vocab": vocab}))
         steps += out.stats.steps
         new += out.stats.new_tokens
         secs += out.stats.total_s

@@ -33,6 +33,7 @@ from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.drafter import DVIDrafter
 from dvi_lite.methods.dvi.losses import EMABaseline, fast_loss, slow_loss
 from dvi_lite.methods.dvi.policy import DVIPolicy, _base, attach_verifier_lora, verifier_lora_params
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 
 class NonFiniteError(FloatingPointError):
@@ -59,7 +60,7 @@ class OnlineTrainer(Checkpointing):
                  warmup: int = 10, min_lr_frac: float = 0.1, slow_inner: int = 4, slow_batch: int = 4,
                  slow_history: int = 64, eos_token_id: int | None = None, log_path: str | Path | None = None,
                  ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
-                 buffer_logits_dtype: torch.dtype = torch.float32, progress: bool = True):
+                 buffer_logits_dtype: torch.dtype = torch.float32, progress: bool = True, vocab: Any = None):
         self.runner = Runner.for_model(model)
         self.model = model
         self.cfg = (cfg if cfg is not None else DVIConfig()).for_layers(self.runner.n_layers)
@@ -68,13 +69,13 @@ class OnlineTrainer(Checkpointing):
             raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 2)
         ctx = getattr(model.config, "max_position_embeddings", None)
-        vocab = _base(model.lm_head).weight.shape[0]
+        vocab_size = _base(model.lm_head).weight.shape[0]
         for i, p in enumerate(self.prompts):
             if ctx is not None and len(p) + max_new_tokens > ctx:
                 raise ValueError(f"prompts[{i}] ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                  f"model's context of {ctx}; cut the prompts (train_prompts(max_len=...))")
-            if min(p) < 0 or max(p) >= vocab:
-                raise ValueError(f"prompts[{i}]: token ids must be in [0, {vocab}), got {min(p)}..{max(p)}")
+            if min(p) < 0 or max(p) >= vocab_size:
+                raise ValueError(f"prompts[{i}]: token ids must be in [0, {vocab_size}), got {min(p)}..{max(p)}")
         self.k = check_int("k", k, 1, what="draft tokens per step")
         self.threshold = None if threshold is None else check_prob("threshold", threshold, what="eta")
         self.sampler = Sampler(temperature)
@@ -91,6 +92,12 @@ class OnlineTrainer(Checkpointing):
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.last_good_checkpoint: Path | None = None
         c = self.cfg
+        # trimmed draft head (models.vocab): drafts, buffer logits and the fast update live on its N ids
+        self.vocab = vocab if isinstance(vocab, TrimmedHead) else resolve_vocab(model, None, vocab)
+        self._inv = None  # full id -> map index (-1 off the map)
+        if self.vocab is not None:
+            self._inv = torch.full((vocab_size,), -1, dtype=torch.long, device=self.vocab.ids.device)
+            self._inv[self.vocab.ids] = torch.arange(len(self.vocab), device=self.vocab.ids.device)
         with torch.random.fork_rng(devices=[]):  # deterministic init that leaves the caller's RNG alone
             torch.manual_seed(c.seed)
             self.policy = DVIPolicy(model, c.split, c.lora_rank, c.lora_alpha)
@@ -127,7 +134,7 @@ class OnlineTrainer(Checkpointing):
     def _decode_next(self) -> int:
         ids = self.prompts[self.prompt_idx % len(self.prompts)]
         self.prompt_idx += 1
-        drafter = DVIDrafter(self.runner, self.policy, self.k, self.threshold, collect=True)
+        drafter = DVIDrafter(self.runner, self.policy, self.k, self.threshold, collect=True, vocab=self.vocab)
         gen = make_generator(self.cfg.seed * 1_000_003 + self.prompt_idx, self.runner.device)
         self.policy.eval()
         new, stats = decode(self.runner, drafter, ids, self.max_new_tokens, self.sampler, gen,
@@ -136,6 +143,8 @@ class OnlineTrainer(Checkpointing):
         n = 0
         if got is not None:
             h, tokens, rewards, logits = got
+            if self.vocab is not None:  # onto the map: logits (n, N), tokens as map indices (drafts are on it)
+                logits, tokens = logits[:, self.vocab.ids], self._inv[tokens]
             self.buffer.add(h, tokens, rewards, logits)
             n = h.shape[0]
             self.unconsumed += n
@@ -152,6 +161,12 @@ class OnlineTrainer(Checkpointing):
         return n
 
     # ------------------------------------------------------------------ updates
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, D) h_k -> (B, V) float32 draft logits, or (B, N) on the trimmed head's ids (with grad)."""
+        if self.vocab is None:
+            return self.policy(h)
+        return self.vocab.small(self.policy.features(h)).float() * self.policy.logit_scale
+
     def _nonfinite(self, what: str, parts: dict[str, float]) -> NonFiniteError:
         ck = str(self.last_good_checkpoint) if self.last_good_checkpoint else "none saved in this run"
         return NonFiniteError(
@@ -168,7 +183,7 @@ class OnlineTrainer(Checkpointing):
         batch = self.buffer.sample(c.batch_size, self.gen, c.accepted_only, c.backoff_min)
         dev = self.runner.device
         self.policy.train()
-        s = self.policy(batch["h"].to(dev))  # (B, V) float32, with grad
+        s = self.draft_logits(batch["h"].to(dev))  # (B, V) or (B, N) float32, with grad
         tl = batch["teacher_logits"].to(dev)  # (B, V)
         loss, parts = fast_loss({"student_logits": s, "teacher_logits": tl, "tokens": batch["tokens"].to(dev),
                                  "rewards": batch["rewards"].to(dev)}, c, t, self.baseline)
@@ -253,14 +268,18 @@ class OnlineTrainer(Checkpointing):
 
     # ------------------------------------------------------------------ the loop
     def train(self, steps: int, callback: Callable[[dict], Any] | None = None,
-              progress: bool | None = None) -> list[dict]:
+              progress: bool | None = None, max_sequences: int | None = None) -> list[dict]:
         """Run `steps` more fast updates (decoding as many prompts as needed); returns one dict per step.
 
         callback(record) is called after every fast step (e.g. a notebook widget's live plot); the
         same record is appended to log_path (JSONL). With ckpt_dir and ckpt_every > 0, a checkpoint
         is written every ckpt_every fast steps (and the last good one survives a NaN stop).
+        max_sequences: also stop once that many prompts of the stream have been decoded (counting a resumed
+        run's) and their experiences used, so runs with different objectives see the same stream.
         """
         check_int("steps", steps, 0)
+        if max_sequences is not None:
+            check_int("max_sequences", max_sequences, 1)
         c = self.cfg
         target = self.fast_step + steps
         records: list[dict] = []
@@ -288,6 +307,8 @@ class OnlineTrainer(Checkpointing):
                     if self.ckpt_dir is not None and self.ckpt_every and self.fast_step % self.ckpt_every == 0:
                         self.save_checkpoint()
                     continue
+                if max_sequences is not None and self.prompt_idx >= max_sequences:
+                    break
                 dry = 0 if self._decode_next() else dry + 1
                 if dry > len(self.prompts):
                     raise RuntimeError("DVI: a whole pass over the prompts produced no draft to learn from "

@@ -135,6 +135,7 @@ class DVIPolicy(nn.Module):
         _peft().inject_adapter_in_model(cfg, self, adapter_name=LORA_S)  # freezes every non-LoRA parameter
         self.exit_norm.weight.requires_grad_(True)
         self.logit_scale.requires_grad_(True)
+        self.trained_vocab: int | None = None  # set by load_policy from the file: the trimmed head it learned on
 
     def features(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) h_k -> (..., D) normalised exit features (float32)."""
@@ -169,7 +170,8 @@ class DVIPolicy(nn.Module):
                 "logit_scale": self.logit_scale.detach().cpu().clone()}
 
     def load_trainable_state(self, state: dict[str, Any]) -> None:
-        res = _peft().set_peft_model_state_dict(self, state["lora_S"], adapter_name=LORA_S)
+        lora = {k: v.float() for k, v in state["lora_S"].items()}  # a committed head may be stored in bf16
+        res = _peft().set_peft_model_state_dict(self, lora, adapter_name=LORA_S)
         missing = [k for k in res.missing_keys if LORA_S in k]
         if missing or res.unexpected_keys:
             raise ValueError(f"lora_S state does not fit this policy (rank/split?): missing {missing}, "
@@ -272,6 +274,7 @@ def _read_policy(model, f: Path, load_verifier: bool) -> DVIPolicy:
     with torch.random.fork_rng(devices=[]):  # peft's init draws random numbers: leave the caller's RNG alone
         pol = DVIPolicy(model, b["split"], b["lora_rank"], b["lora_alpha"])
     pol.load_trainable_state(b["policy"])
+    pol.trained_vocab = b.get("vocab")  # the trimmed head size N it was trained on (None: full vocabulary)
     pol.eval()
     if load_verifier and b["lora_D"] is not None:
         attach_verifier_lora(model, b["split"], b["lora_rank"], b["lora_alpha"])

@@ -2,6 +2,7 @@
 and a button that runs a short, real online-training run and streams its diagnostics into the figure.
 
     w = LambdaWidget(model, train_prompts(tok, n_per_domain=20), DVIConfig(split=2), horizon=500)  # dvi.cli
+    w = LambdaWidget.for_model("smollm2", cfg=DVIConfig(split=5))  # the real model, Spec-Bench dev questions
     w                      # (or w.display()) the controls + the live plotly FigureWidget
     w.train(20)            # the same as the button: 20 fast steps, streamed into the figure
     w.static_figure()      # a plain go.Figure of the current state, for executed notebooks / HTML export
@@ -143,6 +144,24 @@ class LambdaWidget:
         self.button.on_click(self._on_click)
         self._ui: widgets.VBox | None = None
         self._say(self._schedule_text())
+
+    @classmethod
+    def for_model(cls, model: Any = "smollm2", dtype: str | None = "bfloat16", cfg: DVIConfig | None = None,
+                  questions: int = 16, vocab: Any = 8192, max_new_tokens: int = 32, **kwargs: Any) -> LambdaWidget:
+        """A widget that trains on a real model: a name / folder (loaded with models.loading.load_model in
+        `dtype`) or a loaded model, the first `questions` of the Spec-Bench dev training stream
+        (serve.question_stream, chat-formatted), the trimmed draft head `vocab` (None = full) and the
+        model's eos. kwargs go to LambdaWidget (horizon, steps_per_click, trainer_kwargs; tokenizer with a
+        loaded model)."""
+        from dvi_lite.methods.dvi.serve import frozen_model, question_stream
+
+        model, tok = frozen_model(model, dtype, kwargs.pop("tokenizer", None))
+        tk = {"max_new_tokens": max_new_tokens, "eos_token_id": tok.eos_token_id, "vocab": vocab,
+              **kwargs.pop("trainer_kwargs", {})}
+        stream, _ = question_stream(tok, n=questions)
+        w = cls(model, stream, cfg, trainer_kwargs=tk, **kwargs)
+        w.tokenizer = tok
+        return w
 
     # ------------------------------------------------------------------ figure
     def trace(self, name: str):
