@@ -389,3 +389,20 @@ def smollm2_reference() -> list[tuple[list[dict], list[int]]]:
             path.write_text(json.dumps(ref))
         ref = json.loads(path.read_text())
     return list(zip(prompts, ref, strict=True))
+
+
+def assert_smollm2_greedy_equals_ar(method: str, **options) -> None:
+    """`method` on SmolLM2 in fp32 gives AR's tokens on every reference question, and some draft is accepted
+    (else a drafter that proposes nothing would pass)."""
+    from test_smollm2 import smollm2
+
+    import dvi_lite
+
+    model, tok = smollm2("float32")
+    accepted = steps = 0
+    for i, (prompt, ref) in enumerate(smollm2_reference()):
+        out = dvi_lite.generate(model, tok, prompt, method=method, max_new_tokens=len(ref), **options)
+        assert out.token_ids == ref, f"{method}: question {i} differs from AR"
+        accepted += sum(s.accepted for s in out.stats.steps)
+        steps += len(out.stats.steps)
+    assert accepted > 0, f"{method}: no draft was ever accepted in {steps} steps"

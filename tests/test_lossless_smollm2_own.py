@@ -8,9 +8,7 @@ would pass for a drafter that proposes nothing.
 from __future__ import annotations
 
 import pytest
-from helpers import smollm2_reference
-
-import dvi_lite
+from helpers import assert_smollm2_greedy_equals_ar
 
 pytestmark = pytest.mark.slow
 
@@ -19,13 +17,4 @@ CASES = {"sps": {}, "medusa": {"tree": "sparse"}}
 
 @pytest.mark.parametrize("method", list(CASES))
 def test_greedy_equals_ar_fp32(method):
-    from test_smollm2 import smollm2
-
-    model, tok = smollm2("float32")
-    accepted = steps = 0
-    for i, (prompt, ref) in enumerate(smollm2_reference()):
-        out = dvi_lite.generate(model, tok, prompt, method=method, max_new_tokens=len(ref), **CASES[method])
-        assert out.token_ids == ref, f"{method}: question {i} differs from AR"
-        accepted += sum(s.accepted for s in out.stats.steps)
-        steps += len(out.stats.steps)
-    assert accepted > 0, f"{method}: no draft was ever accepted in {steps} steps"
+    assert_smollm2_greedy_equals_ar(method, **CASES[method])

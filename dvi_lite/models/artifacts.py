@@ -67,6 +67,20 @@ def default_split_for(model) -> int:
     return default_split(n) if split is None else check_split(split, n)
 
 
+def read_piece(path: str | Path, model, what: str, how: str) -> dict:
+    """A saved piece's body (torch file, tensors only), checked to belong to `model` by its fingerprint.
+
+    what: the option or piece named in errors; how: the command or function that makes one."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what}: no file at {p}; make one with {how}")
+    body = torch.load(p, map_location="cpu", weights_only=True)
+    if body.get("fingerprint") != fingerprint(model):
+        raise ValueError(f"{what} {p} was trained for the model {body.get('fingerprint')}, not this one "
+                         f"({fingerprint(model)}); make one for it with {how}")
+    return body
+
+
 _PIECES: dict[tuple, tuple[weakref.ref, Any]] = {}  # (kind, fingerprint, file, mtime, dtype, device, extra)
 
 

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from dvi_lite.course_model.train import TrainConfig, lr_at
+from dvi_lite.course_model.train import TrainConfig
 from dvi_lite.methods.medusa.heads import MedusaHeads, save_heads
+from dvi_lite.methods.medusa.train import fit, head_weights
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, soft_ce, teacher_outputs, teacher_path
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import BUILD_DIR
@@ -116,11 +116,6 @@ def loss_vocab(data: TeacherData, rows: torch.Tensor, base: torch.Tensor, n: int
     return torch.cat([own, extra])[:n]
 
 
-def head_weights(cfg: DistillConfig) -> list[float]:
-    w = [cfg.head_decay ** i for i in range(cfg.heads)]
-    return [x / sum(w) for x in w]
-
-
 def distill_step(heads: MedusaHeads, trimmed: TrimmedHead, index_of: torch.Tensor, data: TeacherData,
                  n: torch.Tensor, t: torch.Tensor, cfg: DistillConfig) -> list[float]:
     """Forward + backward of one batch of positions, one head at a time; returns the per-head losses."""
@@ -157,46 +152,14 @@ def distill(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHead, cfg: Di
     pos_n, pos_t = positions(data.mask, rows)
     if pos_n.numel() == 0:
         raise ValueError("the training rows have no position with a next token to learn from")
-    params = heads.trainable_parameters()
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     tcfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    step, log, elapsed = 0, [], 0.0
-    if resume and ckpt is not None and Path(ckpt).is_file():
-        ck = torch.load(ckpt, weights_only=False, map_location="cpu")
-        made, want = {k: ck["config"].get(k) for k in _SHAPE_KEYS}, {k: asdict(cfg)[k] for k in _SHAPE_KEYS}
-        if made != want:
-            raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop resume")
-        heads.load_state_dict(ck["heads"])
-        opt.load_state_dict(ck["opt"])
-        gen.set_state(ck["gen"])
-        step, log, elapsed = ck["step"], ck["log"], ck["elapsed"]
-    heads.train()
-    t0, last = time.time() - elapsed, time.time()
-    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    bar = tqdm(range(step, end), initial=step, total=cfg.steps, desc=f"medusa {cfg.heads} heads (teacher)",
-               disable=not progress)
-    for step in bar:
-        lr = lr_at(step, tcfg)
-        for g in opt.param_groups:
-            g["lr"] = lr
+
+    def step_fn(gen: torch.Generator) -> list[float]:
         pick = torch.randint(pos_n.numel(), (cfg.batch_size,), generator=gen)
-        opt.zero_grad(set_to_none=True)
-        per_head = distill_step(heads, trimmed, index_of, data, pos_n[pick], pos_t[pick], cfg)
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True) if v == v)
-        log.append({"step": step + 1, "loss": loss, "per_head": per_head, "lr": lr, "time_s": time.time() - t0})
-        bar.set_postfix(loss=f"{loss:.3f}", head0=f"{per_head[0]:.3f}")
-        if ckpt is not None and (time.time() - last > cfg.ckpt_every_s or step + 1 == end):
-            Path(ckpt).parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(ckpt).with_suffix(".tmp")
-            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1, "log": log, "elapsed": time.time() - t0, "config": asdict(cfg)}, tmp)
-            tmp.replace(ckpt)
-            last = time.time()
-    heads.eval()
-    return log
+        return distill_step(heads, trimmed, index_of, data, pos_n[pick], pos_t[pick], cfg)
+
+    return fit(heads, cfg, tcfg, step_fn, ckpt, resume, stop_after, progress,
+               f"medusa {cfg.heads} heads (teacher)", _SHAPE_KEYS)
 
 
 @torch.no_grad()

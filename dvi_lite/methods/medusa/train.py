@@ -26,6 +26,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -139,46 +140,71 @@ def train_loop(heads: MedusaHeads, runner: Runner, data: np.ndarray, cfg: Medusa
     check_config(cfg)
     if data.ndim == 2 and data.shape[1] < cfg.heads + 2:
         raise ValueError(f"sequences of {data.shape[1]} tokens leave no training position for {cfg.heads} heads")
+    tcfg = _tcfg(cfg)
+    return fit(heads, cfg, tcfg, lambda gen: train_step(heads, runner, sample_batch(data, tcfg, gen).to(runner.device),
+                                                         cfg), ckpt, resume, stop_after, progress,
+               f"medusa {cfg.heads} heads", _SHAPE_KEYS)
+
+
+def fit(heads: MedusaHeads, cfg, tcfg: TrainConfig, step_fn: Callable[[torch.Generator], list[float]],
+        ckpt: str | Path | None, resume: bool, stop_after: int | None, progress: bool, desc: str,
+        keys: tuple[str, ...]) -> list[dict]:
+    """THE training loop of both Medusa recipes: AdamW on the heads' trainable parameters, warm-up + cosine,
+    clipping, atomic checkpoints every cfg.ckpt_every_s and at the end, resume; returns the log.
+
+    step_fn(gen) draws a batch with `gen`, computes the per-head losses and their backward; returns them (a
+    head with no target in the batch reports nan and is left out of the total)."""
     params = heads.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    tcfg = _tcfg(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
-    step, log, elapsed = 0, [], 0.0
-    if resume and ckpt is not None and Path(ckpt).is_file():
-        ck = torch.load(ckpt, weights_only=False, map_location="cpu")  # the generator state must stay on the CPU
-        made = {k: ck["config"].get(k) for k in _SHAPE_KEYS}
-        want = {k: asdict(cfg)[k] for k in _SHAPE_KEYS}
-        if made != want:
-            raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop --resume")
-        heads.load_state_dict(ck["heads"])
-        opt.load_state_dict(ck["opt"])
-        gen.set_state(ck["gen"])
-        step, log, elapsed = ck["step"], ck["log"], ck["elapsed"]
+    step, log, elapsed = load_checkpoint(ckpt, heads, opt, gen, cfg, keys) if resume else (0, [], 0.0)
     heads.train()
     t0, last = time.time() - elapsed, time.time()
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    bar = tqdm(range(step, end), initial=step, total=cfg.steps, desc=f"medusa {cfg.heads} heads", disable=not progress)
+    bar = tqdm(range(step, end), initial=step, total=cfg.steps, desc=desc, disable=not progress)
     for step in bar:
         lr = lr_at(step, tcfg)
         for g in opt.param_groups:
             g["lr"] = lr
-        x = sample_batch(data, tcfg, gen)
         opt.zero_grad(set_to_none=True)
-        per_head = train_step(heads, runner, x.to(runner.device), cfg)
+        per_head = step_fn(gen)
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True))
+        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True) if v == v)
         log.append({"step": step + 1, "loss": loss, "per_head": per_head, "lr": lr, "time_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss:.3f}", head0=f"{per_head[0]:.3f}")
         if ckpt is not None and (time.time() - last > cfg.ckpt_every_s or step + 1 == end):
-            Path(ckpt).parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(ckpt).with_suffix(".tmp")
-            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1, "log": log, "elapsed": time.time() - t0, "config": asdict(cfg)}, tmp)
-            tmp.replace(ckpt)
+            save_checkpoint(ckpt, heads, opt, gen, step + 1, log, time.time() - t0, cfg)
             last = time.time()
     heads.eval()
     return log
+
+
+def load_checkpoint(ckpt: str | Path | None, heads: MedusaHeads, opt: torch.optim.Optimizer, gen: torch.Generator,
+                    cfg, keys: tuple[str, ...] = _SHAPE_KEYS) -> tuple[int, list[dict], float]:
+    """Restore what save_checkpoint wrote (if the file exists): returns (step, log, elapsed s); (0, [], 0) if not.
+
+    Refuses a checkpoint made with another recipe (the config's `keys` differ)."""
+    if ckpt is None or not Path(ckpt).is_file():
+        return 0, [], 0.0
+    ck = torch.load(ckpt, weights_only=False, map_location="cpu")  # the generator state must stay on the CPU
+    made, want = {k: ck["config"].get(k) for k in keys}, {k: asdict(cfg)[k] for k in keys}
+    if made != want:
+        raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop --resume")
+    heads.load_state_dict(ck["heads"])
+    opt.load_state_dict(ck["opt"])
+    gen.set_state(ck["gen"])
+    return ck["step"], ck["log"], ck["elapsed"]
+
+
+def save_checkpoint(ckpt: str | Path, heads: MedusaHeads, opt: torch.optim.Optimizer, gen: torch.Generator,
+                    step: int, log: list[dict], elapsed: float, cfg) -> None:
+    """Heads, optimiser, data order and log after `step` steps, written atomically (a kill never leaves half a file)."""
+    Path(ckpt).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(ckpt).with_suffix(".tmp")
+    torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                "step": step, "log": log, "elapsed": elapsed, "config": asdict(cfg)}, tmp)
+    tmp.replace(ckpt)
 
 
 class _BatchCache:

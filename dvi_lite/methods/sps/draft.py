@@ -29,7 +29,7 @@ from torch import nn
 from transformers import LlamaForCausalLM, PreTrainedModel
 
 from dvi_lite.core.checks import check_int
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached, read_piece
 from dvi_lite.models.loading import DRAFT_MODEL, load_draft_model
 from dvi_lite.models.vocab import check_ids
 
@@ -133,15 +133,9 @@ def save_draft(draft: PreTrainedModel, target: PreTrainedModel, out_dir: str | P
 
 def load_draft(target: PreTrainedModel, path: str | Path) -> LlamaForCausalLM:
     """A saved shared-embedding draft (folder or its draft.pt) built on `target`, in the target's dtype/device."""
-    p = Path(path)
-    f = p / DRAFT_FILE if p.is_dir() else p
-    if not f.is_file():
-        raise FileNotFoundError(f"draft_model: no {DRAFT_FILE} at {p}; train one with "
-                                "dvi_lite.methods.sps.train.prepare_smollm2 (or pass an HF checkpoint folder)")
-    body = torch.load(f, map_location="cpu", weights_only=True)
-    if body["fingerprint"] != fingerprint(target):
-        raise ValueError(f"draft_model {f} was distilled for the model {body['fingerprint']}, not this one "
-                         f"({fingerprint(target)}): it shares the embedding of the model it was trained for")
+    f = Path(path) / DRAFT_FILE if Path(path).is_dir() else Path(path)
+    body = read_piece(f, target, "draft_model", "dvi_lite.methods.sps.train.prepare_smollm2 (or pass an HF "
+                      "checkpoint folder); the draft shares the embedding of the model it was trained for")
     draft = build_draft(target, body["layers"], body["vocab_ids"])
     w = target.get_input_embeddings().weight
     draft.model.load_state_dict({k: v.to(w.dtype) for k, v in body["state"].items()}, strict=False)
