@@ -34,20 +34,27 @@ PAPERS: dict[str, dict] = {
             "setting": "Spec-Bench (target unverified; repo default Llama-2-7b-hf)"},
 }
 
-# why a course-scale CPU number differs from the paper's, one line per method
-WHY = {
-    "sps": "12-layer 11M target vs 70B: the draft costs c ≈ 0.2 of a target token instead of ≈ 0.05, and a "
-           "K+1-token verify is ≈ 1.6× a 1-token forward on CPU",
-    "hf_assisted": "the same draft as sps, but HF's drafting loop has more per-token overhead than our engine on a "
-                   "tiny model",
-    "kangaroo": "2 of 12 layers + adapter + an 8192-vocab head make a draft step cost a large share of a forward "
-                "(c in the table; ≈ 0.07 on Vicuna-7B); the adapter saw 0.6M tokens",
-    "draft_verify": "12 small layers are far less redundant than 80, so acceptance stays low; and skipping half the "
-                    "sub-layers still costs about a forward per draft token on a CPU (c in the table: the LM head "
-                    "and per-call overhead are not skipped)",
-    "medusa": "heads trained briefly on a CPU; tree verification of many nodes is not free on a CPU as it is on a GPU",
-    "dvi": "the exit head learns online for a few hundred steps on a CPU; same draft-cost limits as Kangaroo",
-}
+def why(method: str, row: dict, speedup: float | None = None) -> str:
+    """Why our number differs from the paper's, computed from the measured row (tau, alpha, c, K, predicted).
+
+    The cost model prices one step at D = tau / predicted = v(nodes + 1) + K c target forwards; the paper's
+    speedup S would need tau >= S D at that price, and tau can never exceed K + 1 (every draft accepted), so
+    when S D > K + 1 the step itself is too expensive: it must cost <= (K + 1) / S.
+    """
+    s = PAPERS.get(method, {}).get("speedup") if speedup is None else speedup
+    tau, pred, c, k = (row.get(x) for x in ("tau", "predicted_speedup", "c", "draft_depth_per_step"))
+    if s is None:
+        return "no paper number to compare"
+    if not tau or not pred or c is None or k is None:
+        return "no tau / c measured in-engine (the method runs its own loop): only its speed compares"
+    d = tau / pred  # step cost in target forwards: verify + K c
+    alpha = row.get("alpha")
+    out = (f"τ {tau:.2f}" + (f" (α {alpha:.2f})" if alpha is not None else "") + f" for a step costing {d:.2f} "
+           f"forwards (verify {d - k * c:.2f} + K·c {k * c:.2f}); {s:g}× needs τ ≥ {s * d:.2f}")
+    if s * d > k + 1:
+        out += (f", more than K + 1 = {k + 1:.1f}: at this price no acceptance suffices (the step must cost "
+                f"≤ {(k + 1) / s:.2f})")
+    return out
 
 
 def method_options(split: int | None = None) -> dict[str, dict]:
