@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dvi_lite.cli import command_line, prog
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.draft_verify.objective import Calibration, SkipObjective, measure_sublayer_costs
 from dvi_lite.methods.draft_verify.search import SearchConfig, search_skip
@@ -266,17 +267,8 @@ def write_results(summary_path: str | Path, bench_paths: list[str | Path], out: 
     return body
 
 
-def _command(argv: list[str] | None) -> str:
-    """This module's command line as typed (it is no `python -m dvi_lite` command), for provenance."""
-    import shlex
-    import sys
-
-    return " ".join(["python -m dvi_lite.methods.draft_verify.recipe", *map(shlex.quote, sys.argv[1:] if argv is None
-                                                                            else argv)])
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.methods.draft_verify.recipe",
+    ap = argparse.ArgumentParser(prog=prog("draft-verify-recipe"),
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--out", default="data/smollm2/draft_verify", help="folder of skip.json")
@@ -288,14 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=None, help="with --summary and --bench: write the results JSON here")
     args = ap.parse_args(argv)
     if args.results is not None:
-        write_results(args.summary, args.bench or [], args.results, _command(argv))
+        write_results(args.summary, args.bench or [], args.results, command_line("draft-verify-recipe", argv))
         return 0
     cfg = RecipeConfig.smoke() if args.smoke else RecipeConfig()
     if args.trials is not None:
         cfg = replace(cfg, trials=args.trials)
     if args.ratios is not None:
         cfg = replace(cfg, ratios=tuple(args.ratios))
-    out = prepare_smollm2(args.model, Path(args.out), _command(argv), args.smoke,
+    out = prepare_smollm2(args.model, Path(args.out), command_line("draft-verify-recipe", argv), args.smoke,
                           summary_path=args.summary, cfg=cfg)
     print(json.dumps({"chosen": out["chosen"]["ratio"], "calibration": out["chosen"]["calibration"],
                       "heldout": out["chosen"]["heldout"]}, indent=1))
