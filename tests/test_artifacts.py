@@ -92,3 +92,15 @@ def test_fingerprint_names_the_weights_not_their_dtype():
         model, _ = load_model(dtype=dtype)
         assert fingerprint(model) == COURSE_FINGERPRINT, dtype
         assert artifacts_dir(model) == DATA_DIR, dtype
+
+
+def test_smollm2_pieces_are_committed_and_prepare_keeps_them(capsys):
+    """`prepare --model smollm2` finds every committed piece (no --force: nothing is retrained)."""
+    from dvi_lite.paths import DATA_DIR
+    from dvi_lite.study.prepare import SMOLLM2_RECIPES, PrepareConfig, prepare
+
+    pieces = prepare("smollm2", PrepareConfig())
+    assert "committed" in capsys.readouterr().out
+    assert set(pieces) == {"vocabulary map"} | {name for name, *_ in SMOLLM2_RECIPES}
+    for name, f in pieces.items():
+        assert f.startswith(str(DATA_DIR / "smollm2")) and Path(f).is_file(), name
