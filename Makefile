@@ -67,14 +67,10 @@ reproduce: setup ## Execute all notebooks in full mode into build/ and regenerat
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
 
-# The study on the real model: every method, SmolLM2 in bf16, Spec-Bench dev questions, one process per temperature
-# (interleaved rounds, median), greedy and T = 1. Options pin what each method's SmolLM2 pieces were trained with.
-STUDY_METHODS := ar,hf,hf_assisted,sps,pld,hf_pld,kangaroo:vocab=8192,draft_verify,medusa,dvi
-STUDY_ARGS := --model smollm2 --dtype bfloat16 --n-prompts 12 --max-new-tokens 48 --methods $(STUDY_METHODS)
-
-study: setup ## Benchmark every method on SmolLM2 bf16 (greedy and T=1) into results/16_study_smollm2_*.json
-	$(PY) -m dvi_lite bench $(STUDY_ARGS) --repeats 2 --json results/16_study_smollm2_greedy.json
-	$(PY) -m dvi_lite bench $(STUDY_ARGS) --repeats 1 --temperature 1.0 --json results/16_study_smollm2_t1.json
+# The study alone (notebook 06 in full mode): every method on SmolLM2 in bf16, Spec-Bench dev questions, greedy and
+# T = 1, one interleaved run, into results/06_results.json, then the README results section.
+study: setup ## Run the study alone (notebook 06, full mode: every method on SmolLM2 bf16, greedy and T=1)
+	$(PY) -m dvi_lite reproduce --only 06
 	$(PY) -m dvi_lite report
 
 lab: setup ## Open JupyterLab on notebooks/

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dvi_lite.study.reproduce import NOTEBOOKS_DIR, notebooks
+from dvi_lite.study.reproduce import MAX_NOTEBOOK_BYTES, NOTEBOOKS_DIR, notebooks, source_hash
 
 NBS = notebooks()
 
@@ -15,15 +15,32 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
-def test_notebook_is_committed_clean(nb: Path):
-    """Outputs stripped, a papermill parameters cell with SMOKE, and no algorithm defined inline."""
+def test_notebook_source(nb: Path):
+    """A papermill parameters cell with SMOKE, no algorithm defined inline, invariants asserted last."""
     doc = nbformat.read(nb, as_version=4)
     code = [c for c in doc.cells if c.cell_type == "code"]
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "strip outputs"
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "SMOKE = True" in params[0].source
     assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines())
     assert "check_invariants(" in doc.cells[-1].source, "the last cell asserts the notebook's invariants"
+
+
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_committed_outputs_come_from_a_full_run_of_this_source(nb: Path):
+    """The committed outputs are `make reproduce`'s: papermill ran it with SMOKE=False, every code cell ran,
+    and the code it ran (hash stamped by reproduce.write_back) is the notebook's code now."""
+    raw = nb.read_bytes()
+    assert len(raw) <= MAX_NOTEBOOK_BYTES, f"{nb.name}: {len(raw) / 2**20:.1f} MiB with outputs"
+    doc = nbformat.reads(raw.decode(), as_version=4)
+    stamp = doc.metadata.get("dvi_lite", {})
+    assert stamp.get("mode") == "full", f"{nb.name} has no full run's outputs: run `make reproduce`"
+    assert doc.metadata["papermill"]["parameters"].get("SMOKE") is False
+    assert stamp["source_sha256"] == source_hash(doc), f"{nb.name}: code changed since its full run"
+    code = [c for c in doc.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), f"{nb.name}: a code cell did not run"
+    assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
+    shows = [o for c in code for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert shows and all("image/png" in o["data"] for o in shows), "plotly outputs need their PNG fallback"
 
 
 def test_check_bench_rejects_what_a_table_must_not_hold():
@@ -55,3 +72,25 @@ def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
     errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
+
+
+def test_source_hash_ignores_injected_parameters_and_sees_code_changes(tmp_path: Path):
+    """reproduce.write_back stamps the hash of the code a run executed; papermill's injected cell is not code."""
+    import json
+
+    from dvi_lite.study.reproduce import write_back
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("SMOKE = True"), nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_markdown_cell("prose")])
+    src = json.loads(nbformat.writes(nb))
+    ran = json.loads(nbformat.writes(nb))
+    injected = nbformat.v4.new_code_cell("SMOKE = False")
+    injected.metadata["tags"] = ["injected-parameters"]
+    ran["cells"].insert(1, json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[injected])))["cells"][0])
+    assert source_hash(ran) == source_hash(src)
+    (tmp_path / "ran.ipynb").write_text(json.dumps(ran))
+    write_back(tmp_path / "ran.ipynb", tmp_path / "nb.ipynb", 12.3)
+    stamp = json.loads((tmp_path / "nb.ipynb").read_text())["metadata"]["dvi_lite"]
+    assert stamp == {"source_sha256": source_hash(src), "mode": "full", "seconds": 12.3}
+    src["cells"][1]["source"] = "x = 2"
+    assert source_hash(src) != stamp["source_sha256"]

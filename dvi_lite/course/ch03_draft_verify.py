@@ -108,3 +108,26 @@ def check_invariants(search, randoms: list[dict], uniform: dict, h2h: dict, trac
             finite(t["tau"], f"tau of the gamma trace for target {t['target_alpha']}", 1)
     return [f"search: {len(search.trials)} trials, best = min; {len(randoms)} random + uniform timings > 0",
             f"gamma traces: {len(traces)} in [0, 1]", check_bench(res, methods)]
+
+
+ARMS = {"bo": "Bayesian optimisation", "random": "best random set", "uniform_layers": "uniform layers",
+        "uniform_sublayers": "uniform sub-layers"}
+
+
+def real_search_figure(rec: dict):
+    """The SmolLM2 recipe's comparison (results/15_draft_verify_smollm2.json): the predicted speedup and the
+    teacher-forced acceptance of each arm's skip set on held-out rows, per skip ratio."""
+    from plotly.subplots import make_subplots
+
+    ratios = sorted(rec["comparison"], key=float)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["predicted speedup (held-out rows)",
+                                                        "acceptance α̂ (held-out rows)"], horizontal_spacing=0.12)
+    for i, (arm, name) in enumerate(ARMS.items()):
+        color = ["#2a9d8f", "#e76f51", "#8d99ae", "#b5838d"][i]
+        for col, key in ((1, "heldout_speedup"), (2, "heldout_alpha_hat")):
+            fig.add_bar(x=[f"{float(r):.3f}" for r in ratios], y=[rec["comparison"][r][arm][key] for r in ratios],
+                        name=name, marker_color=color, legendgroup=arm, showlegend=col == 1, row=1, col=col)
+    fig.update_xaxes(title_text="fraction of sub-layers skipped")
+    fig.update_layout(title="SmolLM2 skip sets at equal ratios: the search against random and uniform sets",
+                      barmode="group", legend=dict(orientation="h", y=-0.25))
+    return fig

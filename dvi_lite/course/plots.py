@@ -3,9 +3,14 @@
 HTML uses include_plotlyjs="directory": one plotly.min.js beside the figures instead of 3.5 MB
 inlined per file, and no CDN (which fails offline). PNG needs kaleido + a Chromium
 (`apt-get install chromium`); without one we say so once and keep the HTML.
+
+`method_color` gives every method one colour, shared by every figure. `notebook_renderer` makes `fig.show()`
+emit JupyterLab's native plotly output plus a static PNG (so a code host, which cannot run plotly, shows the
+PNG); `make reproduce` turns it on through DVI_PLOTLY_RENDERER for the notebooks it commits.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -14,6 +19,31 @@ from dvi_lite.paths import BUILD_DIR, ROOT
 
 FIGURES_DIR = ROOT / "figures"
 _warned = False
+
+# one colour per method (a variant "kangaroo:branch=2" takes its method's), shared by every figure
+METHOD_COLORS = {"ar": "#6c757d", "hf": "#adb5bd", "hf_assisted": "#f4a261", "sps": "#e76f51", "pld": "#8ab17d",
+                 "hf_pld": "#b5d99c", "early_exit": "#a8dadc", "kangaroo": "#2a9d8f", "draft_verify": "#264653",
+                 "medusa": "#9b5de5", "dvi": "#e63946"}
+RENDERER_ENV = "DVI_PLOTLY_RENDERER"  # e.g. "plotly_mimetype+png": set by `make reproduce`
+PNG_SIZE = {"width": 900, "height": 500, "scale": 1}  # the PNG fallback embedded in committed notebooks
+
+
+def method_color(label: str) -> str:
+    """The colour of a method, or of a variant label ("kangaroo:threshold=0.4") by its method."""
+    return METHOD_COLORS.get(label.split(":")[0], "#333333")
+
+
+def notebook_renderer() -> str | None:
+    """Set plotly's default renderer from DVI_PLOTLY_RENDERER (if set), sizing its PNG; returns it."""
+    name = os.environ.get(RENDERER_ENV)
+    if name:
+        import plotly.io as pio
+
+        pio.renderers.default = name
+        if "png" in name:
+            for k, v in PNG_SIZE.items():
+                setattr(pio.renderers["png"], k, v)
+    return name
 
 
 def figures_dir(smoke: bool) -> Path:
@@ -35,7 +65,7 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
     fig.write_html(paths[0], include_plotlyjs="directory", full_html=True)
     if png and browser_available():
         try:
-            fig.write_image(out / f"{name}.png", scale=2)
+            fig.write_image(out / f"{name}.png", scale=1.5)
             paths.append(out / f"{name}.png")
         except Exception as e:  # kaleido/chromium trouble must not lose the HTML figure
             warnings.warn(f"PNG export of {name} failed ({e}); HTML written", stacklevel=2)
@@ -44,3 +74,16 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
                       stacklevel=2)
         _warned = True
     return paths
+
+
+
+def series_color(i: int) -> str:
+    """The i-th colour of plotly's default sequence: pass it explicitly so a series keeps one colour across
+    subplots (a trace hidden from the legend otherwise takes the next default colour)."""
+    import plotly.express as px
+
+    seq = px.colors.qualitative.Plotly
+    return seq[i % len(seq)]
+
+
+notebook_renderer()  # every notebook imports this module, so `make reproduce` reaches each kernel here

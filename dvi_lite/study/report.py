@@ -35,44 +35,61 @@ def _held_mb(m: dict | None) -> float | None:
 
 
 def render_study(body: dict) -> list[str]:
-    """The study's table (notebook 06): every method, greedy and sampling, and the papers beside ours."""
+    """The study's table (notebook 06): every method, greedy and sampling, x AR per task group, the papers
+    beside ours, SpS's best K and the course model's contrast."""
     study, mem = body["study"], body.get("memory", {})
     # held = weights + extra parameters + KV cache (an accounting, comparable on CPU); peak = measured (CUDA)
     peak = int(any(r.get("peak_mem_bytes") is not None for r in study["greedy"].values()))
     names = [n for n in study if n != "greedy"]
     prov = body.get("provenance", {})
     s = body.get("settings", {})
-    out = [f"**The study (06_results)** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
-           f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out prompts × "
-           f"{s.get('max_new_tokens', '?')} tokens, median of interleaved rounds\n",
-           "| method | tok/s | rounds | × AR greedy | " + " | ".join(f"× AR {n}" for n in names) +
-           " | τ | α | c | predicted | meas/pred | × AR code | × AR prose | distinct | extra params | held MB |"
-           + (" peak MB |" if peak else ""),
-           "|---|" + "---:|" * (13 + len(names) + peak)]
     g = study["greedy"]
     ar_dom = g.get("ar", {}).get("domains", {})
+    groups = list(ar_dom)
+    out = [f"**The study (06_results)** · {body.get('model', 'course model')} · {prov.get('device', '?')} · commit "
+           f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out "
+           f"prompts × {s.get('max_new_tokens', '?')} tokens, median of interleaved rounds\n",
+           "| " + " | ".join(["method", "tok/s", "rounds", "× AR greedy", *(f"× AR {n}" for n in names), "τ", "α",
+                              "c", "predicted", "meas/pred", "distinct", "extra params", "held MB",
+                              *(["peak MB"] if peak else [])]) + " |",
+           "|---|" + "---:|" * (11 + len(names) + peak)]
     for m, r in g.items():
-        dom = r.get("domains", {})
-        dsp = [dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None for d in ("code", "prose")]
-        samp = " | ".join(_f(study[n].get(m, {}).get("speedup_vs_ar")) for n in names)
+        samp = "".join(f"{_f(study[n].get(m, {}).get('speedup_vs_ar'))} | " for n in names)
         out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_range(r.get('tokens_per_s_rounds'))} | "
-                   f"{_f(r.get('speedup_vs_ar'))} | {samp} | {_f(r.get('tau'))} | "
+                   f"{_f(r.get('speedup_vs_ar'))} | {samp}{_f(r.get('tau'))} | "
                    f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
-                   f"{_f(r.get('measured_over_predicted'))} | {_f(dsp[0])} | {_f(dsp[1])} | "
+                   f"{_f(r.get('measured_over_predicted'))} | "
                    f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} | "
                    f"{_f(_held_mb(mem.get(m)), 1)} |" + (f" {_f(_mb(r.get('peak_mem_bytes')), 1)} |" if peak else ""))
     out += ["", "rounds: tok/s of the slowest and fastest timed round (differences inside that range are noise) · "
-            "c: draft cost per draft token in target forwards · predicted: the speedup formula with the measured α, "
-            "K and c · distinct: distinct-token fraction of the outputs (a looping model inflates acceptance) · "
-            "held MB: weights + extra parameters + a 512-position KV cache"
-            + (" · peak MB: CUDA allocator peak" if peak else ""),
-            "", "| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |",
+            "c: draft cost per draft token in target forwards · predicted: the cost model τ / (v(K+1) + K·c) with "
+            "the measured τ, K, c and v(n) · distinct: distinct-token fraction of the outputs (a looping model "
+            "inflates acceptance) · held MB: weights + extra parameters + a 512-position KV cache"
+            + (" · peak MB: CUDA allocator peak" if peak else ""), ""]
+    if groups:
+        out += ["× AR per task group (greedy)\n", "| method | " + " | ".join(groups) + " |",
+                "|---|" + "---:|" * len(groups)]
+        for m, r in g.items():
+            dom = r.get("domains", {})
+            out.append(f"| {m} | " + " | ".join(_f(dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None)
+                                                for d in groups) + " |")
+        out.append("")
+    out += ["| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |",
             "|---|---|---|---:|---|---|"]
     for p in body.get("papers", []):
         gpu = f"{p['gpu'][0]:.2f}× ({p['gpu'][1]})" if p.get("gpu") else "–"
         out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | "
                    f"{gpu} | {p['why']} |")
     out.append("")
+    for key, title in (("sps_k", "SpS's draft length K (one round)"),
+                       ("course_contrast", "The contrast: the course model, fp32, greedy")):
+        part = body.get(key)
+        if part:
+            out += [f"{title}\n", "| method | tok/s | × AR | τ | α | c | predicted |", "|---|" + "---:|" * 6]
+            out += [f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | {_f(r.get('tau'))} | "
+                    f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} |"
+                    for m, r in part["methods"].items()]
+            out.append("")
     return out
 
 

@@ -1,11 +1,16 @@
 """`make reproduce`: every notebook in full mode (papermill, into build/notebooks), then the README table.
 
-Full-mode notebooks write results/*.json and figures/*; executed copies stay in the ignored build/.
-`--smoke` runs the same pipeline with the CI defaults (results then go to build/, nothing committed).
+Full-mode notebooks write results/*.json and figures/*. Each executed notebook is then written back to
+notebooks/ with its outputs (plotly's native output plus a PNG fallback), stamped with the hash of the code it
+ran (`source_hash`), so a reader sees the last full run and a test can tell when the code has changed since.
+`--smoke` runs the same pipeline with the CI defaults: results and executed copies stay in build/.
+`--resume` skips notebooks this run already finished (build/notebooks/progress.json) if their code is unchanged.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
@@ -16,6 +21,31 @@ from dvi_lite.paths import BUILD_DIR, ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
+
+
+PROGRESS = OUT_DIR / "progress.json"
+MAX_NOTEBOOK_BYTES = 3 * 2**20  # a committed notebook, outputs included
+
+
+def source_hash(nb: dict) -> str:
+    """sha256 of a notebook's code cells, without papermill's injected-parameters cell: what a run executed."""
+    code = [c["source"] if isinstance(c["source"], str) else "".join(c["source"]) for c in nb["cells"]
+            if c["cell_type"] == "code" and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    return hashlib.sha256("\n# -- cell --\n".join(code).encode()).hexdigest()
+
+
+def write_back(executed: Path, target: Path, seconds: float) -> None:
+    """Copy a full run's executed notebook over its source, stamped with the hash of the code it ran."""
+    nb = json.loads(executed.read_text())
+    nb["metadata"]["dvi_lite"] = {"source_sha256": source_hash(nb), "mode": "full", "seconds": round(seconds, 1)}
+    text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    if len(text.encode()) > MAX_NOTEBOOK_BYTES:
+        print(f"    warning: {target.name} is {len(text.encode()) / 2**20:.1f} MiB with outputs (limit 3)")
+    target.write_text(text)
+
+
+def _progress() -> dict:
+    return json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else {}
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -32,13 +62,18 @@ def run_notebook(nb: Path, smoke: bool, parameters: dict | None = None) -> float
     import papermill as pm
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if not smoke:  # fig.show() -> plotly's native output + a PNG fallback (plots.notebook_renderer)
+        from dvi_lite.course.plots import RENDERER_ENV, browser_available
+
+        os.environ[RENDERER_ENV] = "plotly_mimetype+png" if browser_available() else "plotly_mimetype"
     t0 = time.time()
     pm.execute_notebook(str(nb), str(OUT_DIR / nb.name), parameters={"SMOKE": smoke, **(parameters or {})},
                         kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=True)
     return time.time() - t0
 
 
-def write_timings(times: dict[str, float], total_s: float, smoke: bool, command: str) -> Path:
+def write_timings(times: dict[str, float], total_s: float, smoke: bool, command: str,
+                  resumed: list[str] | None = None) -> Path:
     """results/reproduce.json: the measured wall time of each notebook and of the whole run.
 
     `make` exports DVI_MAKE_START (its own start, epoch seconds), so the total includes the `.venv`
@@ -47,10 +82,12 @@ def write_timings(times: dict[str, float], total_s: float, smoke: bool, command:
     from dvi_lite.study.provenance import write_result
 
     start = os.environ.get("DVI_MAKE_START")
-    setup_s = max(0.0, time.time() - total_s - float(start)) if start else None
+    # a resumed run's notebooks ran in several invocations: its setup time is not measured
+    setup_s = max(0.0, time.time() - total_s - float(start)) if start and not resumed else None
     payload = {"notebooks_s": {k: round(v, 1) for k, v in times.items()}, "notebooks_total_s": round(total_s, 1),
                "setup_s": None if setup_s is None else round(setup_s, 1),
-               "total_s": round(total_s + (setup_s or 0.0), 1), "mode": "smoke" if smoke else "full"}
+               "total_s": round(total_s + (setup_s or 0.0), 1), "mode": "smoke" if smoke else "full",
+               "resumed": resumed or []}
     return write_result("reproduce", payload, command=command, smoke=smoke)
 
 
@@ -58,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("reproduce"), description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CI-sized run (results go to build/, not results/)")
     ap.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,01")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip notebooks this run already finished in the same mode with unchanged code")
     ap.add_argument("--model", default=None, help="local HF checkpoint folder passed as MODEL_PATH to every notebook")
     args = ap.parse_args(argv)
     try:
@@ -72,14 +111,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (python -m dvi_lite prepare)", flush=True)
         prepare(params["MODEL_PATH"], PrepareConfig.smoke() if args.smoke else PrepareConfig(),
                 command=command)
-    t0, times = time.time(), {}
+    mode = "smoke" if args.smoke else "full"
+    progress = _progress() if args.resume else {}
+    times, resumed = {}, []
     for i, nb in enumerate(nbs):
-        print(f"[{i + 1}/{len(nbs)}] {nb.name} ({'smoke' if args.smoke else 'full'})", flush=True)
+        done = progress.get(nb.name, {})
+        if done.get("mode") == mode and done.get("source_sha256") == source_hash(json.loads(nb.read_text())):
+            times[nb.name] = done["seconds"]
+            resumed.append(nb.name)
+            print(f"[{i + 1}/{len(nbs)}] {nb.name}: finished earlier in this run ({done['seconds'] / 60:.1f} min)")
+            continue
+        print(f"[{i + 1}/{len(nbs)}] {nb.name} ({mode})", flush=True)
         times[nb.name] = run_notebook(nb, args.smoke, params)
         print(f"    done in {times[nb.name] / 60:.1f} min", flush=True)
-    total = time.time() - t0
+        if not args.smoke and not args.model:  # a full run of the committed course: its outputs go back
+            write_back(OUT_DIR / nb.name, nb, times[nb.name])
+        progress[nb.name] = {"mode": mode, "seconds": round(times[nb.name], 1),
+                             "source_sha256": source_hash(json.loads(nb.read_text()))}
+        PROGRESS.write_text(json.dumps(progress, indent=1))
+    total = sum(times.values())
     if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
-        print(f"timings written to {write_timings(times, total, args.smoke, command.strip())}")
+        print(f"timings written to {write_timings(times, total, args.smoke, command.strip(), resumed)}")
     if not args.smoke and not args.model:
         from dvi_lite.study.report import update_readme
 

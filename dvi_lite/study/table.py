@@ -2,7 +2,8 @@
 
 What the notebook calls: `method_options` (how each method is configured in the study), `extra_params`
 (parameters a method adds to the target), `memory` (what it holds besides the target), `run_study`
-(one interleaved bench per sampling setting), `iso_speedup` (the formula's lines for the tau-vs-cost plot)
+(one interleaved bench per sampling setting), `group_speedups` / `group_heatmap` (x AR per task group),
+`tau_vs_cost_figure` with `iso_speedup` (the cost model's lines)
 and `PAPERS` (headline claims, transcribed from ../shared/REFERENCE.md with their sources).
 
 `check_bench` (with `require` and `finite`) asserts what every notebook's benchmark table claims: a row per
@@ -104,12 +105,57 @@ def run_study(model, tok, prompts: list[dict], methods: list[str], settings: lis
     return out
 
 
+def group_speedups(results: dict) -> dict[str, dict[str, float | None]]:
+    """method -> {task group (or domain): x AR in that group}, from a bench's per-group tokens/s."""
+    ar = results["ar"].get("domains", {})
+    return {m: {d: (r.get("domains", {}).get(d) or 0) / ar[d] if ar.get(d) else None for d in ar}
+            for m, r in results.items()}
+
+
+def group_heatmap(groups: dict[str, dict], title: str):
+    """Methods x task groups, coloured by x AR around 1 (red slower, blue faster), each cell labelled."""
+    import plotly.graph_objects as go
+
+    methods, cols = list(groups), list(next(iter(groups.values())))
+    z = [[groups[m][d] for d in cols] for m in methods]
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=methods, zmid=1.0, colorscale="RdBu", colorbar=dict(title="× AR"),
+                               text=[[("–" if v is None else f"{v:.2f}") for v in row] for row in z],
+                               texttemplate="%{text}"))
+    fig.update_layout(title=title, xaxis_title="task group", yaxis=dict(autorange="reversed"),
+                      height=120 + 36 * len(methods))
+    return fig
+
+
 def iso_speedup(speedups: list[float], x_max: float = 2.0, n: int = 50) -> dict[float, dict]:
-    """For the tau-vs-cost plot. With K draft steps of cost c each (in target forwards), a step costs
-    1 + K c forwards and yields tau tokens, so speedup = tau / (1 + K c): for a fixed speedup s the
-    methods lie on the line tau = s (1 + x), x = K c (the draft cost per step)."""
+    """For the tau-vs-cost plot. A step costs D = v(K+1) + K c target forwards and yields tau tokens, so
+    speedup = tau / D: for a fixed speedup s the methods lie on the line tau = s D."""
     xs = [x_max * i / (n - 1) for i in range(n)]
-    return {s: {"x": xs, "tau": [s * (1 + x) for x in xs]} for s in speedups}
+    return {s: {"x": xs, "tau": [s * x for x in xs]} for s in speedups}
+
+
+def tau_vs_cost_figure(results: dict, methods: list[str]):
+    """tau against the step's cost D = tau / predicted (verify + K c, in target forwards, from the measured v(n)
+    and c), with the cost model's iso-speedup lines tau = s D. A point's position is the prediction; its label
+    gives the measured speedup, so the gap between the two is visible."""
+    import plotly.graph_objects as go
+
+    from dvi_lite.course.plots import method_color
+
+    d = {m: results[m]["tau"] / results[m]["predicted_speedup"] for m in methods}
+    x_max = max([1.5, *d.values()]) * 1.15
+    fig = go.Figure()
+    for s, line in iso_speedup([0.5, 0.75, 1.0, 1.5, 2.0], x_max=x_max).items():
+        fig.add_scatter(x=line["x"], y=line["tau"], mode="lines", line=dict(dash="dot", width=1, color="#999"),
+                        name=f"{s}× predicted", showlegend=False)
+        fig.add_annotation(x=x_max, y=s * x_max, text=f"{s}×", showarrow=False, xanchor="left", font_size=10)
+    for m in methods:
+        fig.add_scatter(x=[d[m]], y=[results[m]["tau"]], mode="markers+text", marker=dict(size=12,
+                        color=method_color(m)), text=[f"{m} ({results[m]['speedup_vs_ar']:.2f}× measured)"],
+                        textposition="top center", name=m)
+    fig.update_layout(title="τ against the cost of a step, v(K+1) + K·c, with the cost model's iso-speedup lines",
+                      xaxis_title="step cost (target forwards)", yaxis_title="τ (tokens per target forward)",
+                      xaxis_range=[0, x_max * 1.08], showlegend=False)
+    return fig
 
 
 def draft_model_path() -> Path:
