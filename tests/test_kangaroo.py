@@ -266,3 +266,21 @@ def test_train_cli_from_teacher(tmp_path, capsys):
     assert card["steps"] == 2 and card["split"] == 2 and card["vocab_n"] == 300
     assert card["command"].startswith("python -m dvi_lite kangaroo-train --teacher")
     capsys.readouterr()
+
+
+def test_vocab_defaults_to_the_head_the_adapter_was_trained_through(tmp_path):
+    """None reads the adapter card's trimmed-head size (as DVI reads its head's); 'full' overrides it."""
+    import json
+
+    from dvi_lite.methods.kangaroo.drafter import trained_vocab
+
+    path = tmp_path / "adapter_k4.pt"
+    assert trained_vocab(path) is None  # no card: the full head
+    path.with_suffix(".json").write_text(json.dumps({"vocab_n": 8192}))
+    assert trained_vocab(path) == 8192
+    path.with_suffix(".json").write_text(json.dumps({"config": {"vocab": 4096}}))
+    assert trained_vocab(path) == 4096
+    from dvi_lite.paths import DATA_DIR
+
+    assert trained_vocab(DATA_DIR / "smollm2" / "kangaroo" / "adapter_k4.pt") == 8192  # SmolLM2's committed one
+    assert trained_vocab(DATA_DIR / "kangaroo" / "adapter_k2.pt") is None  # the course model's: the full head

@@ -107,7 +107,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            (SPLIT, K(6), THRESHOLD(None), BRANCH, VOCAB)),
     Method("kangaroo", f"{_M}.kangaroo.drafter:make_drafter", "early exit + a trained adapter (double early exit)",
            (SPLIT, K(6), THRESHOLD(0.6), BRANCH,
-            Option("adapter", None, "a KangarooAdapter or its file; None = this model's committed adapter"), VOCAB),
+            Option("adapter", None, "a KangarooAdapter or its file; None = this model's committed adapter"),
+            Option("vocab", None, "trimmed draft head (FR-Spec): None = the one the adapter was trained through "
+                   "(its card says; the full vocabulary if none); 'full'; an int N = the N tokens most frequent on "
+                   "the corpus; or a saved map's file (verification keeps the full head)")),
            paper="Liu et al. 2024"),
     Method("draft_verify", f"{_M}.draft_verify.drafter:make_drafter", "the target with skipped sub-layers drafts",
            (Option("skip", None, "a Skip, a dict or a file; None = this model's committed skip set"),

@@ -78,6 +78,55 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
     return front
 
 
+def peaked_prompt(model, tok, prompts: list[str]) -> str:
+    """The prompt whose next token the target is surest of: its first token (sampled from the prefill, which no
+    verifier touches) is then nearly fixed, so the verified token after it can be compared with one p."""
+    best, best_p = prompts[0], -1.0
+    with torch.no_grad():
+        for pr in prompts:
+            ids = tok(pr, add_special_tokens=False)["input_ids"]
+            top = float(model(torch.tensor([ids], device=model.device)).logits[0, -1].float().softmax(-1).max())
+            if top > best_p:
+                best, best_p = pr, top
+    return best
+
+
+def typical_vs_exact(model, tok, prompt: str, n_samples: int, temperature: float = 1.0, seed: int = 0,
+                     n_show: int = 12, **opts) -> dict:
+    """The law of Medusa's first verified token under exact and under typical acceptance, against p.
+
+    `n_samples` seeded four-token generations per rule (so the first step can draft). The first token comes
+    from the prefill (no verifier touches it), so the second is compared, among the draws whose first token is
+    the most frequent one, with the target's exact p at that context (chi-square, ch01's `chi_square`).
+    Exact verification keeps p; typical acceptance accepts any candidate p finds typical enough, so its law
+    drifts from p.
+    """
+    from collections import Counter
+
+    from dvi_lite import generate
+    from dvi_lite.course.ch01_speculative_sampling import chi_square
+
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    draws = {rule: [generate(model, tok, ids, method="medusa", max_new_tokens=4, temperature=temperature,
+                             stop_at_eos=False, seed=seed + i, acceptance=rule, **opts).token_ids
+                    for i in range(n_samples)] for rule in ("exact", "typical")}
+    first = Counter(t[0] for t in draws["exact"]).most_common(1)[0][0]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + [first]], device=model.device)).logits[0, -1].float()  # (V,)
+    p = Sampler(temperature).probs(logits).cpu()
+    out = {"first_token": first, "temperature": temperature, "n_samples": n_samples, "rules": {}}
+    show = p.topk(n_show).indices.tolist()
+    for rule, ts in draws.items():
+        second = torch.tensor([t[1] for t in ts if t[0] == first], dtype=torch.long)
+        counts = second.bincount(minlength=p.numel())
+        n = int(counts.sum())
+        out["rules"][rule] = {"n": n, "chi2": chi_square(counts, p),
+                              "freq": [int(counts[t]) / max(n, 1) for t in show]}
+    out["tokens"] = [tok.decode([t]) for t in show]
+    out["p"] = [float(p[t]) for t in show]
+    return out
+
+
 def check_invariants(kernel: dict, abl: dict, grid: list[dict], front: list[tuple[float, float, str]], ph: dict,
                      res: dict, methods: list[str], kernel_tol: float = 1e-4) -> list[str]:
     """Notebook 04's claims: the Triton kernel matches the reference in fp32, the ablation and the comparison

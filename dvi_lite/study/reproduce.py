@@ -37,6 +37,7 @@ def source_hash(nb: dict) -> str:
 def write_back(executed: Path, target: Path, seconds: float) -> None:
     """Copy a full run's executed notebook over its source, stamped with the hash of the code it ran."""
     nb = json.loads(executed.read_text())
+    nb["metadata"].pop("widgets", None)  # ipywidgets' saved state (MBs); a live kernel rebuilds the widgets
     nb["metadata"]["dvi_lite"] = {"source_sha256": source_hash(nb), "mode": "full", "seconds": round(seconds, 1)}
     text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if len(text.encode()) > MAX_NOTEBOOK_BYTES:

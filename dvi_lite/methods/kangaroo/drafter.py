@@ -80,6 +80,15 @@ def model_adapter_path(model, split: int) -> Path:
     return adapter_path(split, artifacts_dir(model) / "kangaroo")
 
 
+def trained_vocab(path: Path) -> int | None:
+    """The trimmed head size N an adapter file was trained through, from its card (None: the full head)."""
+    card = path.with_suffix(".json")
+    if not card.is_file():
+        return None
+    c = json.loads(card.read_text())
+    return c.get("vocab_n") or c.get("config", {}).get("vocab")
+
+
 def save_adapter(adapter: KangarooAdapter, model, path: Path, card: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.half() for k, v in adapter.state_dict().items()}  # small, half precision
@@ -154,12 +163,18 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
     branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass).
 
     split=None: a given adapter object's own exit layer, else core.checks.default_split. vocab: a trimmed
-    draft head (models.vocab.resolve_vocab: None = full, an int N, a saved map's path).
+    draft head (models.vocab.resolve_vocab: an int N, a saved map's path); None = the head the adapter was
+    trained through (its card's "vocab_n": this model's top-N map, or the full vocabulary); "full" = the full
+    vocabulary whatever the adapter was trained through.
     """
     r = Runner.for_model(model)
     if split is None:
         split = adapter.split if isinstance(adapter, KangarooAdapter) else default_split_for(model)
     split = check_split(split, r.n_layers)
+    if vocab is None and (adapter is None or isinstance(adapter, (str, Path))):
+        vocab = trained_vocab(Path(adapter) if adapter is not None else model_adapter_path(model, split))
+    elif isinstance(vocab, str) and vocab == "full":
+        vocab = None
     if adapter is None or isinstance(adapter, (str, Path)):
         adapter = load_adapter(model, split, adapter)
     elif adapter.split != split:

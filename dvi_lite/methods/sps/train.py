@@ -30,7 +30,7 @@ from dvi_lite.paths import BUILD_DIR
 
 @dataclass
 class TrainConfig:
-    layers: tuple[int, ...] = (0, 1)  # target layers copied as the draft's init (their count = the draft's depth)
+    layers: tuple[int, ...] = (0,)  # target layers copied as the draft's init (their count = the draft's depth)
     vocab: int | None = 8192  # trimmed head: this model's top-N map (models/vocab.py); None = the full head
     steps: int = 300  # optimiser steps
     batch_rows: int = 4  # teacher rows per step (each cropped to the batch's longest real row)
