@@ -20,7 +20,7 @@ START_TIME := $(shell date +%s)
 export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup lint test test-browser reproduce study lab model env-check clean distclean
+.PHONY: help setup lint test test-browser book reproduce study lab model env-check clean distclean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -54,13 +54,16 @@ test: setup lint ## Lint, then run the test suite (browser tests excluded) on ev
 	echo "make test: setup + tests took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc)"; \
 	exit $$rc
 
-test-browser: setup ## End-to-end JupyterLab test in headless Chromium (installs chromium via apt if missing)
+test-browser: setup ## Browser tests in headless Chromium (JupyterLab runs notebook 05, the book renders; apt-installs chromium if missing)
 	@if [ ! -x /usr/bin/chromium ]; then \
 		apt-get update -q && apt-get install -y -q chromium; \
 	fi
-	@rc=0; DVI_BROWSER_REQUIRED=1 $(PY) -m pytest -q -rA -m browser tests/test_browser.py || rc=$$?; \
-	echo "make test-browser: took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc); screenshots in build/browser/"; \
+	@rc=0; DVI_BROWSER_REQUIRED=1 $(PY) -m pytest -q -rA -m browser tests/test_browser.py tests/test_book.py || rc=$$?; \
+	echo "make test-browser: took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc); screenshots in build/browser/ and build/book_screens/"; \
 	exit $$rc
+
+book: setup ## Build the static HTML book from the committed notebooks into build/book/
+	$(PY) -m dvi_lite book
 
 reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
 	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce || rc=$$?; \

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("dvi_lite.study.prepare:main", "train every method's pieces for a local checkpoint"),
     "reproduce": ("dvi_lite.study.reproduce:main", "run every notebook (papermill), then regenerate the README"),
     "report": ("dvi_lite.study.report:main", "regenerate the README's results section from results/*.json"),
+    "book": ("dvi_lite.study.book:main", "build the static HTML book from the committed notebooks into build/book/"),
     "env-check": ("dvi_lite.study.envcheck:main", "check installed versions, torch build, triton, browser, model"),
     "train": ("dvi_lite.course_model.train:main", "train the course model or its draft model (--preset)"),
     "corpus": ("dvi_lite.course_model.corpus:main", "rebuild the corpus snapshot or the held-out prompts"),

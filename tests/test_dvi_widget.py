@@ -42,7 +42,7 @@ def test_construction_is_cheap_and_findable(deep_model):
     for name in STREAM_TRACES + ("lambda_used",):
         assert len(w.trace(name).x or ()) == 0
     # every control: a stable description and its CSS class (what the browser test looks for)
-    desc = {"tau": "tau", "kl_floor": "KL floor", "ce_weight": "CE weight", "rl_variant": "RL variant", "lr": "lr",
+    desc = {"tau": "T_λ", "kl_floor": "KL floor", "ce_weight": "CE weight", "rl_variant": "RL variant", "lr": "lr",
             "steps": "steps", "button": "train N steps"}
     for attr, d in desc.items():
         assert getattr(w, attr).description == d

@@ -94,3 +94,13 @@ def test_source_hash_ignores_injected_parameters_and_sees_code_changes(tmp_path:
     assert stamp == {"source_sha256": source_hash(src), "mode": "full", "seconds": 12.3}
     src["cells"][1]["source"] = "x = 2"
     assert source_hash(src) != stamp["source_sha256"]
+
+
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_markdown_images_and_notebook_links_resolve(nb: Path):
+    """Every image (the schematic diagrams) and every link to another notebook points at a committed file."""
+    doc = nbformat.read(nb, as_version=4)
+    targets = [t for c in doc.cells if c.cell_type == "markdown"
+               for t in re.findall(r"\]\(([^)\s#]+?\.(?:svg|png|ipynb))(?:#[^)]*)?\)", c.source)]
+    missing = [t for t in targets if not t.startswith("http") and not (nb.parent / t).is_file()]
+    assert not missing, f"{nb.name} links to missing files: {missing}"

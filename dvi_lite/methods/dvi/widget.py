@@ -8,7 +8,7 @@ and a button that runs a short, real online-training run and streams its diagnos
     w.static_figure()      # a plain go.Figure of the current state, for executed notebooks / HTML export
 
 Controls (each has a stable `description` and a CSS class, so a browser test can find it):
-    tau          FloatLogSlider  "tau"          .dvi-tau        lambda's time constant (fast steps)
+    tau          FloatLogSlider  "T_λ"          .dvi-tau        lambda's time constant T_λ (fast steps)
     kl_floor     FloatSlider     "KL floor"     .dvi-kl-floor   lambda never drops below it
     ce_weight    FloatSlider     "CE weight"    .dvi-ce-weight  weight of the CE anchor on the verifier's top-1
     rl_variant   Dropdown        "RL variant"   .dvi-rl-variant "surrogate" | "reinforce"
@@ -116,7 +116,7 @@ class LambdaWidget:
         c = self.cfg
         style = {"description_width": "initial"}
         t_lo, t_hi = _log_range(5.0, 1000.0, c.tau, 0.01)
-        self.tau = widgets.FloatLogSlider(value=c.tau, base=10, min=t_lo, max=t_hi, step=0.01, description="tau",
+        self.tau = widgets.FloatLogSlider(value=c.tau, base=10, min=t_lo, max=t_hi, step=0.01, description="T_λ",
                                           readout_format=".3g", style=style, tooltip=_TIPS["tau"])
         self.kl_floor = widgets.FloatSlider(value=c.kl_floor, min=0.0, max=1.0, step=0.01, description="KL floor",
                                             readout_format=".2f", style=style, tooltip=_TIPS["kl_floor"])

@@ -1,0 +1,30 @@
+"""Exercises for the notebooks: a stub to fill in, a check that tests any implementation, a solution.
+
+    from dvi_lite.course.exercises import checks, stubs   # stubs.<name>: the task, in its docstring
+    checks.check_expected_tokens(my_expected_tokens)       # "ok: ..." or an AssertionError saying what differs
+
+`stubs` states each task and raises NotImplementedError; `checks.check_<name>(fn)` compares fn with the
+package's own code on seeded cases; `solutions` holds worked answers with the same names and signatures.
+EXERCISES lists them per chapter (the notebooks' two-digit prefix): {chapter: [(name, one-line task)]}.
+"""
+from __future__ import annotations
+
+EXERCISES: dict[str, list[tuple[str, str]]] = {
+    "00": [("break_even_alpha", "the α at which drafting K tokens per step breaks even, from c and the v(n) table")],
+    "01": [("expected_tokens", "derive τ(K) = (1 − α^{K+1}) / (1 − α), the mean tokens per target forward"),
+           ("acceptance_from_tv", "α as 1 − TV(p, q), shown equal to Σ min(p, q) and to a simulated rate"),
+           ("verify_sampling_chain", "lossless speculative sampling of a K-token chain (accept, residual, bonus)"),
+           ("broken_threshold_verify", "accept iff p(x) >= threshold, and watch the χ² test reject it"),
+           ("best_k", "the draft length K with the best predicted speedup τ / (v(K+1) + K·c)")],
+    "02": [("drafted_length", "tokens drafted under Kangaroo's second early exit (threshold η, cap K_max)")],
+    "03": [("adaptive_gamma_step", "one update of Draft & Verify's adaptive draft-exit threshold γ")],
+    "04": [("tree_attention_mask", "the tree-attention mask from a parent list: cache, self and ancestors")],
+    "05": [("kl_weight", "DVI's KL weight λ_t = max(floor, exp(−t/T))"),
+           ("floor_step", "the first step at which λ_t reaches its floor, in closed form")],
+    "06": [("pays_off", "whether any K in 1..8 has predicted speedup > 1, from α, c and v(n)")],
+}
+
+
+def names() -> list[str]:
+    """Every exercise name, in chapter order."""
+    return [name for chapter in sorted(EXERCISES) for name, _ in EXERCISES[chapter]]

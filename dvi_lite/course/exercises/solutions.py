@@ -1,0 +1,152 @@
+"""Worked solutions of the exercises in `stubs.py` (same names, same signatures), short on purpose.
+
+Each passes its `checks.check_<name>`; the tasks are stated in the stubs' docstrings, the derivations in the
+notebooks' "Exercises" sections. Notation as everywhere: p target, q draft, K drafts per step, τ tokens per
+target forward, α acceptance rate, c draft cost per token, v(n) verify cost of n tokens.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from dvi_lite.core.sampling import sample
+from dvi_lite.study.cost import v_of
+
+# --------------------------------------------------------------------------- 00 foundations
+
+
+def break_even_alpha(k: int, c: float, v_table: Mapping[int, float]) -> float | None:
+    """τ(α) is increasing, so bisect τ(α) = v(K+1) + K·c on [0, 1]."""
+    cost = v_of(v_table, k + 1) + k * c  # one step, in AR forwards
+    if cost <= 1:
+        return 0.0
+    if cost > k + 1:  # τ <= K + 1 < cost for every α
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # 2^-60: far below the 1e-6 asked for
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < cost else (lo, mid)
+    return hi
+
+
+# --------------------------------------------------------------------------- 01 speculative sampling
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """P(at least i drafts accepted) = α^i, and a step emits 1 + (accepted) tokens, so
+    τ = Σ_{i=0..K} α^i = (1 − α^{K+1}) / (1 − α), a geometric sum (K + 1 at α = 1)."""
+    if alpha == 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def acceptance_from_tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """min(a, b) = (a + b − |a − b|) / 2 summed over tokens: Σ min(p, q) = 1 − ½ Σ |p − q|."""
+    return 1.0 - 0.5 * float((p - q).abs().sum())
+
+
+def verify_sampling_chain(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                          gen: torch.Generator | None = None) -> tuple[int, int]:
+    """Test drafts in order; the first rejection resamples the mass p has and q lacks."""
+    k = draft.numel()
+    for i in range(k):
+        x = int(draft[i])
+        u = float(torch.rand((), generator=gen, dtype=torch.float64))
+        if u >= float(p[i, x] / q[i, x]):  # accept with probability min(1, p/q)
+            missing = torch.clamp(p[i] - q[i], min=0)  # (V,) what p still needs
+            total = missing.sum()
+            return i, sample(missing / total if total > 0 else p[i], gen)
+    return k, sample(p[k], gen)  # all K accepted: the bonus token
+
+
+def broken_threshold_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, threshold: float,
+                            gen: torch.Generator | None = None) -> tuple[int, int]:
+    """Accept while p(x) >= threshold, then sample p at the stop: deterministic acceptance, wrong law."""
+    n = 0
+    while n < draft.numel() and float(p[n, int(draft[n])]) >= threshold:
+        n += 1
+    return n, sample(p[n], gen)
+
+
+def best_k(alpha: float, c: float, v_table: Mapping[int, float], ks: Sequence[int]) -> int:
+    """argmax over K of τ(K) / (v(K+1) + K·c); max() keeps the first of equal keys, so sort K ascending."""
+    return max(sorted(ks), key=lambda k: expected_tokens(alpha, k) / (v_of(v_table, k + 1) + k * c))
+
+
+# --------------------------------------------------------------------------- 02 Kangaroo
+
+
+def drafted_length(confidences: Sequence[float], eta: float | None, k_max: int) -> int:
+    """Count the tokens drafted; a low-confidence token is proposed, and ends the draft."""
+    n = 0
+    for conf in confidences[:k_max]:
+        n += 1
+        if eta is not None and conf < eta:
+            break
+    return n
+
+
+# --------------------------------------------------------------------------- 03 Draft & Verify
+
+
+def adaptive_gamma_step(gamma: float, ar: float, accepted: int, drafted: int, reached_max: bool = False,
+                        target_alpha: float = 0.9, beta1: float = 0.5, beta2: float = 0.9,
+                        eps: float = 0.01) -> tuple[float, float]:
+    """Two EMAs: the matchness AR follows accepted / drafted, γ moves a step eps toward more (or less) caution."""
+    if drafted == 0:
+        return gamma, ar
+    new_ar = beta1 * ar + (1 - beta1) * accepted / drafted
+    if new_ar < target_alpha:
+        goal = gamma + eps  # too many rejections: exit earlier
+    elif reached_max:
+        goal = gamma  # the threshold did not end this draft: lowering it would not lengthen drafts
+    else:
+        goal = gamma - eps
+    return min(1.0, max(0.0, beta2 * gamma + (1 - beta2) * goal)), new_ar
+
+
+# --------------------------------------------------------------------------- 04 Medusa
+
+
+def tree_attention_mask(parents: Sequence[int], past: int) -> torch.Tensor:
+    """Row i of the node block = row of i's parent | i itself (parents come first), then prepend the cache."""
+    par = [int(x) for x in parents]
+    n = len(par)
+    sees = torch.zeros(n, n, dtype=torch.bool)  # (N, N) node i may attend to node j
+    for i, parent in enumerate(par):
+        if parent >= 0:
+            sees[i] = sees[parent]
+        sees[i, i] = True
+    cache = torch.ones(n, past, dtype=torch.bool)  # (N, past) every node sees the committed tokens
+    return torch.cat([cache, sees], dim=1)[None, None]  # (1, 1, N, past + N)
+
+
+# --------------------------------------------------------------------------- 05 DVI
+
+
+def kl_weight(t: float, T: float, floor: float) -> float:
+    """Exponential decay with time constant T, never below the floor."""
+    return max(floor, math.exp(-t / T))
+
+
+def floor_step(T: float, floor: float) -> int | None:
+    """exp(−t/T) <= floor  <=>  t >= T·ln(1/floor): the smallest such integer is the ceiling."""
+    if floor <= 0:
+        return None
+    t = max(0, math.ceil(T * math.log(1 / floor)))
+    while t > 0 and math.exp(-(t - 1) / T) <= floor:  # rounding can put the ceiling one step late...
+        t -= 1
+    while math.exp(-t / T) > floor:  # ...or one step early
+        t += 1
+    return t
+
+
+# --------------------------------------------------------------------------- 06 the study
+
+
+def pays_off(alpha: float, c: float, v_table: Mapping[int, float],
+             ks: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> bool:
+    """Speculation pays iff the best K beats AR: max_K τ(K) / (v(K+1) + K·c) > 1."""
+    return any(expected_tokens(alpha, k) / (v_of(v_table, k + 1) + k * c) > 1 for k in ks)

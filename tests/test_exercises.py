@@ -1,0 +1,219 @@
+"""The exercises (dvi_lite/course/exercises): every check passes its solution and the package's own code, every stub
+raises NotImplementedError, and every check rejects deliberately wrong implementations (the classic mistakes)."""
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from dvi_lite.core.runner import tree_mask
+from dvi_lite.core.sampling import sample
+from dvi_lite.core.verify import residual, verify_sampling_chain
+from dvi_lite.course.ch01_speculative_sampling import expected_tokens
+from dvi_lite.course.exercises import EXERCISES, checks, names, solutions, stubs
+from dvi_lite.methods.dvi.losses import lambda_schedule
+from dvi_lite.study.cost import v_of
+
+NAMES = names()
+P, Q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+STUB_ARGS = {  # one valid call per stub
+    "break_even_alpha": (2, 0.1, {1: 1.0, 3: 1.2}),
+    "expected_tokens": (0.5, 3),
+    "acceptance_from_tv": (P, Q),
+    "verify_sampling_chain": (torch.tensor([1]), Q[None], torch.stack([P, P])),
+    "broken_threshold_verify": (torch.tensor([1]), Q[None], torch.stack([P, P]), 0.2),
+    "best_k": (0.7, 0.1, {1: 1.0, 3: 1.2}, (1, 2, 3)),
+    "drafted_length": ([0.9, 0.4, 0.8], 0.5, 3),
+    "adaptive_gamma_step": (0.8, 0.0, 1, 2),
+    "tree_attention_mask": ([-1, 0, 0], 2),
+    "kl_weight": (3, 40.0, 0.05),
+    "floor_step": (40.0, 0.05),
+    "pays_off": (0.7, 0.1, {1: 1.0, 3: 1.2}),
+}
+
+
+def test_every_chapter_has_exercises_and_every_exercise_has_its_three_parts():
+    assert sorted(EXERCISES) == [f"{i:02d}" for i in range(7)]
+    assert all(EXERCISES.values()) and len(NAMES) == len(set(NAMES)) == len(STUB_ARGS)
+    for name in NAMES:
+        stub, sol = getattr(stubs, name), getattr(solutions, name)
+        assert inspect.signature(stub) == inspect.signature(sol), name
+        assert callable(getattr(checks, f"check_{name}")), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_raises_not_implemented(name):
+    with pytest.raises(NotImplementedError, match="exercise"):
+        getattr(stubs, name)(*STUB_ARGS[name])
+    with pytest.raises(NotImplementedError):  # the check lets it through: "not written yet", not "wrong"
+        getattr(checks, f"check_{name}")(getattr(stubs, name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_passes_the_solution(name):
+    assert getattr(checks, f"check_{name}")(getattr(solutions, name)).startswith("ok: ")
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("expected_tokens", expected_tokens),
+    ("verify_sampling_chain", verify_sampling_chain),
+    ("tree_attention_mask", lambda parents, past: tree_mask(torch.tensor(parents), past)),
+    ("kl_weight", lambda_schedule),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_check_passes_the_package_code(name, reference):
+    assert getattr(checks, f"check_{name}")(reference).startswith("ok: ")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sampling_check_is_not_seed_luck(seed):
+    assert checks.check_verify_sampling_chain(solutions.verify_sampling_chain, runs=3000, seed=seed).startswith("ok")
+    assert checks.check_broken_threshold_verify(solutions.broken_threshold_verify, seed=seed).startswith("ok")
+
+
+# --------------------------------------------------------------------------- wrong implementations
+
+def _cost(v, k, c):
+    return v_of(v, k + 1) + k * c
+
+
+def _verify_variant(draft, q, p, gen=None, *, on_reject="residual", bonus_row=0, ratio="p/q", prefix=True):
+    """verify_sampling_chain with one classic mistake switched on."""
+    k = draft.numel()
+    idx = torch.arange(k)
+    r = p[idx, draft] / q[idx, draft] if ratio == "p/q" else q[idx, draft] / p[idx, draft]  # (K,)
+    ok = (torch.rand(k, generator=gen, dtype=torch.float64) < r).int()
+    n = int(ok.cumprod(0).sum()) if prefix else int(ok.sum())
+    if n < k:
+        law = {"residual": residual(p[n], q[n]), "p": p[n], "q-p": residual(q[n], p[n])}[on_reject]
+        return n, sample(law, gen)
+    return n, sample(p[k + bonus_row], gen)
+
+
+def _mask_parent_only(parents, past):
+    n = len(parents)
+    m = torch.eye(n, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        if par >= 0:
+            m[i, par] = True
+    return torch.cat([torch.ones(n, past, dtype=torch.bool), m], 1)[None, None]
+
+
+def _gamma_variant(gamma, ar, accepted, drafted, reached_max=False, target_alpha=0.9, beta1=0.5, beta2=0.9, eps=0.01,
+                   *, sign=1, hold=True, clamp=True):
+    if drafted == 0:
+        return gamma, ar
+    ar = beta1 * ar + (1 - beta1) * accepted / drafted
+    goal = gamma + sign * eps if ar < target_alpha else gamma if (reached_max and hold) else gamma - sign * eps
+    g = beta2 * gamma + (1 - beta2) * goal
+    return (min(1.0, max(0.0, g)) if clamp else g), ar
+
+
+def _bisect_tokens(k, cost):
+    """The α with τ(α) = cost (0.0 if cost <= 1, None if cost > K + 1), by bisection."""
+    if cost <= 1 or cost > k + 1:
+        return 0.0 if cost <= 1 else None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < cost else (lo, mid)
+    return hi
+
+
+def _drafted(confidences, eta, k_max, keep_last=True, strict=True):
+    """drafted_length with the low-confidence token dropped (keep_last=False) or a stop at equality."""
+    for i, conf in enumerate(confidences[:k_max]):
+        if eta is not None and (conf < eta if strict else conf <= eta):
+            return i + 1 if keep_last else i
+    return k_max
+
+
+def _threshold_on_q(draft, q, p, threshold, gen=None):
+    """The threshold read on the draft's probability q(x) instead of the target's p(x)."""
+    n = 0
+    while n < draft.numel() and float(q[n, int(draft[n])]) >= threshold:
+        n += 1
+    return n, sample(p[n], gen)
+
+
+WRONG = {
+    "break_even_alpha": {
+        "ignores c": lambda k, c, v: solutions.break_even_alpha(k, 0.0, v),
+        "v(K) not v(K+1)": lambda k, c, v: _bisect_tokens(k, v_of(v, k) + k * c),
+    },
+    "expected_tokens": {
+        "off by one": lambda a, k: k if a == 1 else (1 - a ** k) / (1 - a),
+        "alpha=1 divides by zero": lambda a, k: (1 - a ** (k + 1)) / (1 - a),
+    },
+    "acceptance_from_tv": {
+        "forgets the 1/2": lambda p, q: 1 - float((p - q).abs().sum()),
+        "sum of max": lambda p, q: float(torch.maximum(p, q).sum()) - 1,
+    },
+    "verify_sampling_chain": {
+        "resamples p, not the residual": lambda d, q, p, g=None: _verify_variant(d, q, p, g, on_reject="p"),
+        "residual max(0, q - p)": lambda d, q, p, g=None: _verify_variant(d, q, p, g, on_reject="q-p"),
+        "bonus from p[K-1]": lambda d, q, p, g=None: _verify_variant(d, q, p, g, bonus_row=-1),
+        "accepts with q/p": lambda d, q, p, g=None: _verify_variant(d, q, p, g, ratio="q/p"),
+        "counts accepts after a rejection": lambda d, q, p, g=None: _verify_variant(d, q, p, g, prefix=False),
+    },
+    "broken_threshold_verify": {
+        "the lossless rule": lambda d, q, p, t, g=None: verify_sampling_chain(d, q, p, g),
+        "threshold on q": lambda d, q, p, t, g=None: _threshold_on_q(d, q, p, t, g),
+    },
+    "best_k": {
+        "Leviathan's v = 1": lambda a, c, v, ks: solutions.best_k(a, c, {1: 1.0}, ks),
+        "v(K) not v(K+1)": lambda a, c, v, ks: max(ks, key=lambda k: expected_tokens(a, k) / (v_of(v, k) + k * c)),
+        "ties to the largest K": lambda a, c, v, ks: max(sorted(ks, reverse=True),
+                                                         key=lambda k: expected_tokens(a, k) / _cost(v, k, c)),
+    },
+    "drafted_length": {
+        "drops the low-confidence token": lambda cs, eta, k: _drafted(cs, eta, k, keep_last=False),
+        "stops at confidence == eta": lambda cs, eta, k: _drafted(cs, eta, k, strict=False),
+        "no K_max cap": lambda cs, eta, k: solutions.drafted_length(cs, eta, len(cs)),
+    },
+    "adaptive_gamma_step": {
+        "wrong direction": lambda *a, **kw: _gamma_variant(*a, **kw, sign=-1),
+        "ignores reached_max": lambda *a, **kw: _gamma_variant(*a, **kw, hold=False),
+        "no clamp": lambda *a, **kw: _gamma_variant(*a, **kw, clamp=False),
+    },
+    "tree_attention_mask": {
+        "parent only, not all ancestors": _mask_parent_only,
+        "causal, not a tree": lambda par, past: torch.ones(len(par), past + len(par), dtype=torch.bool).tril(past)[
+            None, None],
+        "forgets the cache": lambda par, past: solutions.tree_attention_mask(par, past) & torch.cat(
+            [torch.zeros(len(par), past, dtype=torch.bool), torch.ones(len(par), len(par), dtype=torch.bool)], 1),
+    },
+    "kl_weight": {
+        "min not max": lambda t, T, floor: min(floor, math.exp(-t / T)),
+        "exp(-t*T)": lambda t, T, floor: max(floor, math.exp(-t * T)),
+    },
+    "floor_step": {
+        "floor not ceiling": lambda T, floor: None if floor <= 0 else int(T * math.log(1 / floor)),
+        "no zero floor": lambda T, floor: math.ceil(T * math.log(1 / floor)),
+    },
+    "pays_off": {
+        "Leviathan's v = 1": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, {1: 1.0, 2: 1.0}, ks),
+        "K = 1 only": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, v, (1,)),
+        ">= 1 instead of > 1": lambda a, c, v, ks=range(1, 9): any(
+            expected_tokens(a, k) / _cost(v, k, c) >= 1 for k in ks),
+    },
+}
+
+
+def test_every_check_has_wrong_implementations():
+    assert sorted(WRONG) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name, label", [(n, lab) for n, variants in WRONG.items() for lab in variants])
+def test_check_rejects_a_wrong_implementation(name, label):
+    with pytest.raises(AssertionError):
+        getattr(checks, f"check_{name}")(WRONG[name][label])
+
+
+@pytest.mark.parametrize("label", list(WRONG["verify_sampling_chain"]))
+def test_the_law_alone_rejects_each_wrong_verify(label, monkeypatch):
+    """Most wrong verifies already fail the greedy-degenerate cases; the χ² tests must catch them on their own."""
+    monkeypatch.setattr(checks, "_greedy_cases", lambda gen: [])
+    with pytest.raises(AssertionError, match="χ²"):
+        checks.check_verify_sampling_chain(WRONG["verify_sampling_chain"][label], runs=3000)
