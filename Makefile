@@ -20,7 +20,7 @@ START_TIME := $(shell date +%s)
 export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup lint test test-browser book reproduce study lab model env-check clean distclean
+.PHONY: help setup lint test test-browser book reproduce learner study lab model env-check clean distclean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -69,6 +69,11 @@ reproduce: setup ## Execute all notebooks in full mode into build/ and regenerat
 	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
+
+# Run All as a learner gets it (MODE = "learner"): every notebook at the learner sizes, timed into
+# build/results/reproduce.json; nothing under results/, figures/ or notebooks/ changes.
+learner: setup ## Run every notebook in learner mode (what Run All does) into build/, and time each
+	$(PY) -m dvi_lite reproduce --learner
 
 # The study alone (notebook 06 in full mode): every method on SmolLM2 in bf16, Spec-Bench dev questions, greedy and
 # T = 1, one interleaved run, into results/06_results.json, then the README results section.

@@ -8,7 +8,7 @@ What it does:
   * starts JupyterLab from this venv on a free 127.0.0.1 port with a random token and throw-away
     config / data / runtime / settings / workspace dirs (autosave off, so notebooks/05_dvi.ipynb is never
     written: the test asserts its bytes are unchanged);
-  * opens notebooks/05_dvi.ipynb in Chromium, Run > Run All Cells (the committed SMOKE=True parameters),
+  * opens notebooks/05_dvi.ipynb in Chromium, Run > Run All Cells (the committed learner default, MODE = "learner"),
     waits for every code cell to get an execution count (Run All stops at the first error);
   * in section 7's LambdaWidget, drags the tau slider's handle with the mouse and checks that the tau
     readout, the status line and the plotted "lambda_t" trace (its SVG path and the figure's y data,
@@ -42,7 +42,7 @@ NOTEBOOK = "notebooks/05_dvi.ipynb"
 OUT = REPO / "build" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRED = os.environ.get("DVI_BROWSER_REQUIRED") == "1"  # set by `make test-browser`
-RUN_ALL_TIMEOUT_S = 900  # SMOKE run of notebook 05 on one core: a few minutes
+RUN_ALL_TIMEOUT_S = 900  # learner run of notebook 05: about 2 min on 2 cores
 SERVER_START_TIMEOUT_S = 120
 
 # JupyterLab user settings for the test session (a fresh settings dir, nothing of the user's own).

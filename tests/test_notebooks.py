@@ -16,25 +16,30 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
 def test_notebook_source(nb: Path):
-    """A papermill parameters cell with SMOKE, no algorithm defined inline, invariants asserted last."""
+    """A papermill parameters cell whose MODE is the learner default, no algorithm defined inline, invariants last."""
     doc = nbformat.read(nb, as_version=4)
     code = [c for c in doc.cells if c.cell_type == "code"]
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(params) == 1 and "SMOKE = True" in params[0].source
+    assert len(params) == 1 and 'MODE = "learner"' in params[0].source.splitlines()
+    after = [c for c in code[code.index(params[0]) + 1:] if "injected-parameters" not in c.metadata.get("tags", [])]
+    assert "SMOKE, FULL = check_mode(MODE)" in after[0].source, "the cell after the parameters checks MODE"
     assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines())
     assert "check_invariants(" in doc.cells[-1].source, "the last cell asserts the notebook's invariants"
 
 
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
 def test_committed_outputs_come_from_a_full_run_of_this_source(nb: Path):
-    """The committed outputs are `make reproduce`'s: papermill ran it with SMOKE=False, every code cell ran,
-    and the code it ran (hash stamped by reproduce.write_back) is the notebook's code now."""
+    """The committed outputs are `make reproduce`'s: papermill ran it with MODE="full", every code cell ran,
+    and the code it ran (hash stamped by reproduce.write_back) is the notebook's code now. The injected
+    parameters are kept as comments, so Run All in JupyterLab uses the learner default."""
     raw = nb.read_bytes()
     assert len(raw) <= MAX_NOTEBOOK_BYTES, f"{nb.name}: {len(raw) / 2**20:.1f} MiB with outputs"
     doc = nbformat.reads(raw.decode(), as_version=4)
     stamp = doc.metadata.get("dvi_lite", {})
     assert stamp.get("mode") == "full", f"{nb.name} has no full run's outputs: run `make reproduce`"
-    assert doc.metadata["papermill"]["parameters"].get("SMOKE") is False
+    assert doc.metadata["papermill"]["parameters"].get("MODE") == "full"
+    injected = [c for c in doc.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert all(line.startswith("#") for c in injected for line in c.source.splitlines()), "injected MODE is live"
     assert stamp["source_sha256"] == source_hash(doc), f"{nb.name}: code changed since its full run"
     code = [c for c in doc.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code), f"{nb.name}: a code cell did not run"
@@ -66,7 +71,7 @@ def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
 
     out = Path(__file__).resolve().parent.parent / "build" / "notebooks_smoke" / nb.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": True}, kernel_name="python3",
+    pm.execute_notebook(str(nb), str(out), parameters={"MODE": "smoke"}, kernel_name="python3",
                         cwd=str(NOTEBOOKS_DIR), progress_bar=False)
     done = nbformat.read(out, as_version=4)
     errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
@@ -80,18 +85,22 @@ def test_source_hash_ignores_injected_parameters_and_sees_code_changes(tmp_path:
 
     from dvi_lite.study.reproduce import write_back
 
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("SMOKE = True"), nbformat.v4.new_code_cell("x = 1"),
-                                         nbformat.v4.new_markdown_cell("prose")])
+    cells = [nbformat.v4.new_code_cell('MODE = "learner"'), nbformat.v4.new_code_cell("x = 1"),
+             nbformat.v4.new_markdown_cell("prose")]
+    nb = nbformat.v4.new_notebook(cells=cells)
     src = json.loads(nbformat.writes(nb))
     ran = json.loads(nbformat.writes(nb))
-    injected = nbformat.v4.new_code_cell("SMOKE = False")
+    injected = nbformat.v4.new_code_cell('# Parameters\nMODE = "full"\n')
     injected.metadata["tags"] = ["injected-parameters"]
     ran["cells"].insert(1, json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[injected])))["cells"][0])
     assert source_hash(ran) == source_hash(src)
     (tmp_path / "ran.ipynb").write_text(json.dumps(ran))
     write_back(tmp_path / "ran.ipynb", tmp_path / "nb.ipynb", 12.3)
-    stamp = json.loads((tmp_path / "nb.ipynb").read_text())["metadata"]["dvi_lite"]
+    back = json.loads((tmp_path / "nb.ipynb").read_text())
+    stamp = back["metadata"]["dvi_lite"]
     assert stamp == {"source_sha256": source_hash(src), "mode": "full", "seconds": 12.3}
+    inert = "".join(back["cells"][1]["source"])  # still shown, but Run All no longer switches to full mode
+    assert inert.endswith('# MODE = "full"\n') and all(line.startswith("#") for line in inert.splitlines())
     src["cells"][1]["source"] = "x = 2"
     assert source_hash(src) != stamp["source_sha256"]
 

@@ -22,7 +22,8 @@ def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
     monkeypatch.setenv("DVI_MAKE_START", str(time.time() - 100.0))
-    path = reproduce.write_timings({"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}, 90.0, smoke=True, command="make reproduce")
+    times = {"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}
+    path = reproduce.write_timings(times, 90.0, mode="smoke", command="make reproduce")
     body = json.loads(path.read_text())
     assert body["mode"] == "smoke" and body["notebooks_s"] == {"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}
     assert 9.0 <= body["setup_s"] <= 12.0 and abs(body["total_s"] - body["setup_s"] - 90.0) < 0.2
