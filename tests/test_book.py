@@ -2,7 +2,8 @@
 
 The unit tests build the book into a temporary folder and read the HTML; the browser test (`make test-browser`,
 deselected by default) serves build/book on 127.0.0.1, opens every page in headless Chromium with every request
-off that server refused, and checks that the plotly figures render without console errors; full-page
+off that server refused, and checks that the plotly figures render and the math is typeset (local MathJax)
+without console errors; full-page
 screenshots go to build/book_screens/NN.png.
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_book_from_committed_notebooks(built: Path):
     assert len(NOTEBOOKS) >= 7
     index = (built / "index.html").read_text(encoding="utf-8")
     assert (built / "plotly.min.js").stat().st_size > 1_000_000
+    assert (built / "mathjax" / "MathJax.js").is_file() and (built / "mathjax" / "jax" / "output" / "SVG").is_dir()
     for nb_path in NOTEBOOKS:
         name = f"{nb_path.stem}.html"
         title = book.first_heading(nbformat.read(nb_path, as_version=4), nb_path.stem)
@@ -80,7 +82,9 @@ def test_book_from_committed_notebooks(built: Path):
         assert n_fig >= 1 and n_fig == _n_plotly(nb_path), (name, n_fig)
         assert "data:image/png;base64" not in page, f"{name} still carries a PNG fallback"
         assert 'href="index.html"' in page
-        assert page.count("<script") == n_fig + 1  # plotly.min.js and one script per figure, nothing else
+        # plotly.min.js, MathJax's config and MathJax.js, and one script per figure: nothing else
+        assert page.count("<script") == n_fig + 3
+        assert '"output/SVG"' in page and '<script src="mathjax/MathJax.js">' in page
         assert len(page) < 1_000_000, f"{name} is {len(page)} bytes"
     for page in [index, *(p.read_text(encoding="utf-8") for p in built.glob("*.html"))]:
         for ref in REFS.findall(page):
@@ -158,11 +162,18 @@ def test_book_pages_render_in_chromium():
                         arg=n_expected)
                     rendered = page.locator(".js-plotly-plot .plot-container").count()
                     assert rendered == n_expected, (path.name, rendered, n_expected)
+                    # MathJax typesets in the background: wait for its queue, then count the SVG formulas
+                    page.wait_for_function("() => window.MathJax && MathJax.Hub && MathJax.Hub.queue.pending === 0 "
+                                           "&& MathJax.Hub.queue.running === 0")
+                    page.wait_for_function("() => document.querySelectorAll('.MathJax_SVG').length > 0")
+                    n_math = page.locator(".MathJax_SVG").count()
+                    errs = page.locator(".MathJax_SVG [data-mjx-error], .MathJax_SVG merror, .noError").count()
+                    assert errs == 0, f"{path.name}: {errs} formulas MathJax could not typeset"
                     assert page.locator("nav.book-nav a[href='index.html']").count() >= 1
                     page.wait_for_timeout(300)
                     page.screenshot(path=str(SCREENS / f"{path.name[:2]}.png"), full_page=True)
                     assert errors == [], f"{path.name}: {errors}"
-                    print(f"\n{path.name}: {rendered} plotly figures rendered")
+                    print(f"\n{path.name}: {rendered} plotly figures rendered, {n_math} formulas typeset")
             finally:
                 browser.close()
     finally:
