@@ -3,9 +3,9 @@
 `python -m dvi_lite.study.book [--out build/book]` (or `make book`) writes index.html plus one NN_name.html per
 notebook (nbconvert's HTMLExporter, lab template). Nothing is fetched at build or view time: the lab template's
 remote scripts (require.js, MathJax from a CDN, mermaid, the widget manager) are left out. Math is typeset by a
-local MathJax 2 (the jupyter-server-mathjax package's copy, copied into mathjax/) with its SVG output, which
-draws glyphs from JavaScript font data, so no web font is loaded; plotly.js is copied once from the installed
-plotly package, and every stored plotly figure
+local MathJax 3 (`tex-svg-full.js` from the django-static-mathjax package, copied once): its SVG output draws
+glyphs from font data inside the script, so no web font and no extension is fetched; plotly.js is copied once
+from the installed plotly package, and every stored plotly figure
 (application/vnd.plotly.v1+json) becomes a live `Plotly.newPlot` output in place of its PNG fallback. The lab CSS
 is written once (lab.css) instead of inlined into every page, so a page is little more than its notebook's text.
 """
@@ -34,13 +34,12 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 TQDM_TEXT = re.compile(r"\d+%\|")  # a tqdm progress bar's text/plain fallback ("bench:   0%|   | 0/10 ...")
 # a <script src=...> or <link href=...> that leaves the book (absolute or protocol-relative URL)
 REMOTE_REF = re.compile(r"<(?:script|link)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:[a-z][a-z0-9+.-]*:)?//", re.I)
-# MathJax 2: TeX in, SVG out ($...$ inline as in Jupyter), no menu, no loading messages
-MATHJAX_CONFIG = {"jax": ["input/TeX", "output/SVG"], "extensions": ["tex2jax.js"],
-                  "TeX": {"extensions": ["AMSmath.js", "AMSsymbols.js", "noErrors.js", "noUndefined.js"]},
-                  "tex2jax": {"inlineMath": [["$", "$"], ["\\(", "\\)"]],
-                              "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
-                              "processEscapes": True, "processEnvironments": True},
-                  "SVG": {"font": "STIX-Web"}, "showMathMenu": False, "messageStyle": "none"}
+# MathJax 3: TeX in ($...$ inline, as in Jupyter), SVG out, no context menu (it would load more scripts)
+MATHJAX_CONFIG = {"tex": {"inlineMath": [["$", "$"], ["\\(", "\\)"]],
+                          "displayMath": [["$$", "$$"], ["\\[", "\\]"]],
+                          "processEscapes": True, "processEnvironments": True},
+                  "svg": {"fontCache": "global"}, "options": {"enableMenu": False}}
+MATHJAX_JS = "tex-svg-full.js"
 SUMMARY = "A static, offline copy of the course notebooks with their committed outputs"
 
 # The lab template minus everything remote; the stylesheet is linked (written once), the nav bar added.
@@ -48,10 +47,10 @@ TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}
 <link rel="icon" href="data:,">
 <script src="plotly.min.js"></script>
-<script type="text/x-mathjax-config">
+<script>
 {{ resources.mathjax_config }}
 </script>
-<script src="mathjax/MathJax.js"></script>
+<script src="tex-svg-full.js"></script>
 {%- endblock html_head_js -%}
 {% block jupyter_widgets %}{% endblock jupyter_widgets %}
 {% block notebook_css %}
@@ -198,16 +197,17 @@ JupyterLab (<code>make lab</code>).</p>
 
 
 def mathjax_dir() -> Path:
-    """MathJax 2's static files, shipped by the jupyter-server-mathjax package (a course dependency)."""
+    """MathJax 3's browser builds (es5/), shipped by the django-static-mathjax package (a course dependency;
+    it installs a plain `mathjax` folder and needs no Django)."""
     try:
-        import jupyter_server_mathjax
+        import mathjax
     except ImportError as e:
-        raise ImportError("the book typesets math with jupyter-server-mathjax's MathJax: "
+        raise ImportError("the book typesets math with MathJax from django-static-mathjax: "
                           "pip install -e '.[course]' (or `make setup`)") from e
-    static = Path(jupyter_server_mathjax.__file__).parent / "static"
-    if not (static / "MathJax.js").is_file():
-        raise FileNotFoundError(f"MathJax.js not found in {static}")
-    return static
+    es5 = Path(next(iter(mathjax.__path__))) / "static" / "mathjax" / "es5"
+    if not (es5 / MATHJAX_JS).is_file():
+        raise FileNotFoundError(f"{MATHJAX_JS} not found in {es5}")
+    return es5
 
 
 def _lab_css(exporter: HTMLExporter) -> str:
@@ -231,7 +231,7 @@ def build(out: Path = DEFAULT_OUT, notebooks_dir: Path = NOTEBOOKS_DIR, diagrams
     exporter = HTMLExporter(template_name="lab", template_file="book.html.j2",
                             extra_loaders=[DictLoader({"book.html.j2": TEMPLATE})])
     shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", out / "plotly.min.js")
-    shutil.copytree(mathjax_dir(), out / "mathjax", dirs_exist_ok=True)
+    shutil.copyfile(mathjax_dir() / MATHJAX_JS, out / MATHJAX_JS)
     (out / "lab.css").write_text(_lab_css(exporter), encoding="utf-8")
     (out / "book.css").write_text(BOOK_CSS, encoding="utf-8")
     if diagrams_dir.is_dir():
@@ -243,7 +243,7 @@ def build(out: Path = DEFAULT_OUT, notebooks_dir: Path = NOTEBOOKS_DIR, diagrams
     for i, (page, nb) in enumerate(zip(pages, nbs, strict=True)):
         n_figures = prepare(nb, page.title)
         resources = {"book_nav": nav_html(pages, i),
-                     "mathjax_config": "MathJax.Hub.Config(" + json.dumps(MATHJAX_CONFIG) + ");"}
+                     "mathjax_config": "window.MathJax = " + json.dumps(MATHJAX_CONFIG) + ";"}
         body, _ = exporter.from_notebook_node(nb, resources=resources)
         if bad := REMOTE_REF.search(body):
             raise RuntimeError(f"{page.html_name} would load a remote resource: {bad.group(0)}")
