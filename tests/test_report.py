@@ -40,3 +40,26 @@ def test_study_table_shows_held_memory_and_a_measured_peak_only_when_there_is_on
     body["study"]["greedy"]["ar"]["peak_mem_bytes"] = 3 * 2**20  # a CUDA run measured one
     text = "\n".join(report.render_study(body))
     assert "| held MB | peak MB |" in text and "| 5 | 2.5 | 3.0 |" in text
+
+
+def test_tau_vs_cost_names_each_method_with_its_measured_speedup_in_the_legend():
+    """Methods sit close together on a CPU: a legend entry per method (its colour, its measured × AR), no labels."""
+    from dvi_lite.course.plots import method_color
+    from dvi_lite.study.table import tau_vs_cost_figure
+
+    rows = {"sps": {"tau": 1.2, "predicted_speedup": 1.0, "speedup_vs_ar": 0.99},
+            "pld": {"tau": 1.3, "predicted_speedup": 1.27, "speedup_vs_ar": 1.33}}
+    fig = tau_vs_cost_figure(rows, ["sps", "pld"])
+    points = [t for t in fig.data if t.mode == "markers"]
+    assert [t.name for t in points] == ["sps: 0.99×", "pld: 1.33×"]
+    assert [t.marker.color for t in points] == [method_color("sps"), method_color("pld")]
+    assert abs(points[0].x[0] - 1.2) < 1e-9 and fig.layout.showlegend is not False
+
+
+def test_legend_below_moves_the_legend_under_side_by_side_panels():
+    from plotly.subplots import make_subplots
+
+    from dvi_lite.course.plots import legend_below
+
+    fig = legend_below(make_subplots(rows=1, cols=2, subplot_titles=["a", "b"]))
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0 and fig.layout.margin.b >= 100

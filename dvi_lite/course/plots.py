@@ -77,6 +77,14 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
 
 
 
+def legend_below(fig, height: int = 520):
+    """Move the legend under the plot, in a row: side-by-side subplots keep their full width and their titles
+    do not collide (a legend on the right squeezes both panels)."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
+                      margin=dict(b=110, t=110), height=height)
+    return fig
+
+
 def series_color(i: int) -> str:
     """The i-th colour of plotly's default sequence: pass it explicitly so a series keeps one colour across
     subplots (a trace hidden from the legend otherwise takes the next default colour)."""

@@ -135,8 +135,9 @@ def iso_speedup(speedups: list[float], x_max: float = 2.0, n: int = 50) -> dict[
 
 def tau_vs_cost_figure(results: dict, methods: list[str]):
     """tau against the step's cost D = tau / predicted (verify + K c, in target forwards, from the measured v(n)
-    and c), with the cost model's iso-speedup lines tau = s D. A point's position is the prediction; its label
-    gives the measured speedup, so the gap between the two is visible."""
+    and c), with the cost model's iso-speedup lines tau = s D. A point's position is the prediction; its legend
+    entry gives the measured speedup, so the gap between the two is visible. Methods sit close together on a
+    CPU, so they are named in the legend (one colour each) rather than by text labels that would overlap."""
     import plotly.graph_objects as go
 
     from dvi_lite.course.plots import method_color
@@ -149,12 +150,12 @@ def tau_vs_cost_figure(results: dict, methods: list[str]):
                         name=f"{s}× predicted", showlegend=False)
         fig.add_annotation(x=x_max, y=s * x_max, text=f"{s}×", showarrow=False, xanchor="left", font_size=10)
     for m in methods:
-        fig.add_scatter(x=[d[m]], y=[results[m]["tau"]], mode="markers+text", marker=dict(size=12,
-                        color=method_color(m)), text=[f"{m} ({results[m]['speedup_vs_ar']:.2f}× measured)"],
-                        textposition="top center", name=m)
-    fig.update_layout(title="τ against the cost of a step, v(K+1) + K·c, with the cost model's iso-speedup lines",
+        fig.add_scatter(x=[d[m]], y=[results[m]["tau"]], mode="markers", marker=dict(size=12, color=method_color(m),
+                        line=dict(width=1, color="white")), name=f"{m}: {results[m]['speedup_vs_ar']:.2f}×",
+                        hovertemplate=f"{m}<br>step cost %{{x:.2f}}<br>τ %{{y:.2f}}<extra></extra>")
+    fig.update_layout(title="τ against the cost of a step, v(K+1) + K·c (dotted: the cost model's iso-speedup lines)",
                       xaxis_title="step cost (target forwards)", yaxis_title="τ (tokens per target forward)",
-                      xaxis_range=[0, x_max * 1.08], showlegend=False)
+                      xaxis_range=[0, x_max * 1.08], legend_title_text="method (measured × AR)")
     return fig
 
 
