@@ -29,3 +29,20 @@ def test_the_checker_catches_stale_untagged_and_misquoted_numbers(tmp_path: Path
     assert len(prose.check_markdown("**1.70×**<!--paper kangaroo-->")) == 1
     missing = prose.check_markdown("1.0×<!--r nope:a.b-->", results_dir=tmp_path)
     assert len(missing) == 1 and "FILE:KEY.PATH" in missing[0].why
+
+
+def test_refresh_rewrites_tagged_numbers_from_results_at_the_decimals_written(tmp_path: Path):
+    """make reproduce calls refresh_notebook after a full run, so the prose follows the new results."""
+    (tmp_path / "x.json").write_text(json.dumps({"a": 1.2871, "rows": [0.5, 0.25]}))
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": [
+        "gains 1.33×<!--r x:a--> and 50%<!--r x:rows.1-->; the paper 1.68×<!--paper kangaroo-->, `2.0×`\n"]},
+        {"cell_type": "code", "metadata": {}, "source": ["x = 1.33"], "outputs": [], "execution_count": None}],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps(nb))
+    changed = prose.refresh_notebook(path, results_dir=tmp_path)
+    assert [new.split("<")[0] for _, new in changed] == ["1.29×", "25%"]
+    src = "".join(json.loads(path.read_text())["cells"][0]["source"])
+    assert src.startswith("gains 1.29×<!--r x:a--> and 25%<!--r x:rows.1-->; the paper 1.68×<!--paper kangaroo-->")
+    assert prose.check_markdown(src, results_dir=tmp_path) == []
+    assert prose.refresh_notebook(path, results_dir=tmp_path) == []  # idempotent

@@ -10,6 +10,11 @@ tagged `<!--paper METHOD-->` and must appear in `study.table.PAPERS[METHOD]["cla
 An untagged number that reads as a measurement fails: a speedup (`1.2×`), an approximation (`≈ 0.3`,
 `\\approx 0.3`, `about 7`), a percentage, a time or a rate. Code spans and fenced blocks are not prose.
 Most prose needs no number at all: the code cell above it prints the measured one.
+
+After a full run, `refresh` (called by `make reproduce`, or `python -m dvi_lite.course.prose --refresh`) rewrites
+every `r`-tagged number from its results file at the decimals written; qualitative words around it ("beats",
+"the fastest") are the author's to re-read, which is why `check_notebook` is a test and `refresh` is not automatic
+in it.
 """
 from __future__ import annotations
 
@@ -97,3 +102,60 @@ def check_notebook(path: Path, results_dir: Path = RESULTS) -> list[Problem]:
             src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
             out += check_markdown(src, i, results_dir)
     return out
+
+
+def _refreshed(m: re.Match, results_dir: Path) -> str:
+    """The tag with its number rewritten from results (same decimals, same unit); paper tags unchanged."""
+    if m["kind"] != "r":
+        return m.group()
+    text, unit = m["num"], m["unit"].strip()
+    decimals = len(text.partition(".")[2])
+    value = lookup(m["ref"], results_dir) * (100 if unit == "%" else 1)
+    new = f"{value:.{decimals}f}"
+    return new + m.group()[len(text):]
+
+
+def refresh_notebook(path: Path, results_dir: Path = RESULTS) -> list[tuple[str, str]]:
+    """Rewrite every r-tagged number in the notebook's markdown from its results file; returns (old, new) pairs
+    that changed. Code spans are left alone (a tag never sits in one)."""
+    path = Path(path)
+    nb = json.loads(path.read_text())
+    changed: list[tuple[str, str]] = []
+    for c in nb["cells"]:
+        if c["cell_type"] != "markdown":
+            continue
+        src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+
+        def sub(m: re.Match) -> str:
+            new = _refreshed(m, results_dir)
+            if new != m.group():
+                changed.append((m.group(), new))
+            return new
+
+        new_src = TAG.sub(sub, src)
+        if new_src != src:
+            c["source"] = new_src.splitlines(keepends=True)
+    if changed:
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dvi_lite.course.prose", description=__doc__.splitlines()[0])
+    ap.add_argument("--refresh", action="store_true", help="rewrite the tagged numbers from results/ first")
+    args = ap.parse_args(argv)
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    bad = 0
+    for nb in notebooks:
+        for old, new in refresh_notebook(nb) if args.refresh else []:
+            print(f"{nb.name}: {old} -> {new}")
+        for problem in check_notebook(nb):
+            bad += 1
+            print(f"{nb.name}: {problem}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
         print(f"timings written to {write_timings(times, total, mode, command.strip(), resumed)}")
     if mode == "full" and not args.model:
+        from dvi_lite.course.prose import refresh_notebook
         from dvi_lite.study.report import update_readme
+
+        for nb in notebooks():  # the prose's tagged numbers follow the new results (course/prose.py)
+            for old, new in refresh_notebook(nb):
+                print(f"prose {nb.name}: {old.split('<!--')[0]} -> {new.split('<!--')[0]}")
 
         update_readme()
         print("README results section regenerated from results/*.json")
