@@ -113,3 +113,26 @@ def test_markdown_images_and_notebook_links_resolve(nb: Path):
                for t in re.findall(r"\]\(([^)\s#]+?\.(?:svg|png|ipynb))(?:#[^)]*)?\)", c.source)]
     missing = [t for t in targets if not t.startswith("http") and not (nb.parent / t).is_file()]
     assert not missing, f"{nb.name} links to missing files: {missing}"
+
+
+MAX_TITLE_CHARS = 100  # a figure title at plotly's default size fits the 900-px PNG (plots.PNG_SIZE) up to this
+
+
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_figure_titles_fit_the_png(nb: Path):
+    """A title longer than the PNG is wide is clipped on a code host, which shows only the PNG."""
+    doc = nbformat.read(nb, as_version=4)
+    figs = [o["data"]["application/vnd.plotly.v1+json"] for c in doc.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    titles = [(f.get("layout", {}).get("title") or {}).get("text", "") for f in figs]
+    long = [t for t in titles if len(t) > MAX_TITLE_CHARS]
+    assert not long, f"{nb.name}: titles over {MAX_TITLE_CHARS} characters: {long}"
+
+
+def test_every_committed_figure_comes_from_a_notebook():
+    """figures/NAME.{html,png} is written by some notebook's save_figure: a figure nothing makes any more is stale."""
+    code = "\n".join(c.source for nb in NBS for c in nbformat.read(nb, as_version=4).cells if c.cell_type == "code")
+    made = set(re.findall(r'save_figure\(\s*\w+\s*,\s*"([^"]+)"', code))
+    figures = NOTEBOOKS_DIR.parent / "figures"
+    orphans = sorted(p.name for p in figures.glob("*.*") if p.suffix in (".html", ".png") and p.stem not in made)
+    assert not orphans, f"figures no notebook writes: {orphans}"

@@ -65,7 +65,9 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
     fig.write_html(paths[0], include_plotlyjs="directory", full_html=True)
     if png and browser_available():
         try:
-            fig.write_image(out / f"{name}.png", scale=1.5)
+            # plotly's default export is 700 px wide, which clips a long title: use the notebooks' PNG width
+            fig.write_image(out / f"{name}.png", width=fig.layout.width or PNG_SIZE["width"],
+                            height=fig.layout.height or PNG_SIZE["height"], scale=1.5)
             paths.append(out / f"{name}.png")
         except Exception as e:  # kaleido/chromium trouble must not lose the HTML figure
             warnings.warn(f"PNG export of {name} failed ({e}); HTML written", stacklevel=2)
