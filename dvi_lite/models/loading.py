@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.models.smollm2 import SETUP_HINT, SMOLLM2_DIR, is_converted
+from dvi_lite.paths import DATA_DIR
 
 COURSE_MODEL = DATA_DIR / "course_model"
 DRAFT_MODEL = DATA_DIR / "draft_model"  # the course draft; a real model's is found by methods.sps.draft
-SMOLLM2_DIR = BUILD_DIR / "models" / "smollm2-135m-instruct"  # ignored: written by models/smollm2.py (make setup)
+# SMOLLM2_DIR (the converted SmolLM2 folder) is defined by models.smollm2, which writes it; imported above
+# so that `from dvi_lite.models.loading import SMOLLM2_DIR` keeps working.
 MODELS = {"course": COURSE_MODEL, "smollm2": SMOLLM2_DIR}  # name -> checkpoint folder
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -69,8 +71,6 @@ def resolve_model(model: str | Path | None) -> Path:
     if model is None:
         return COURSE_MODEL
     if isinstance(model, str) and model in MODELS:
-        from dvi_lite.models.smollm2 import SETUP_HINT, is_converted
-
         if model == "smollm2" and not is_converted(MODELS[model]):
             raise FileNotFoundError(f"model 'smollm2' is not converted yet (no complete {MODELS[model]}); "
                                     f"{SETUP_HINT}")
@@ -153,17 +153,14 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None =
 
 
 def load_draft_model(path: str | Path | None = None, dtype: str | torch.dtype | None = None,
-                     device: str | torch.device | None = None, target: PreTrainedModel | None = None
-                     ) -> PreTrainedModel:
-    """The small draft model for speculative sampling: the course draft (data/draft_model) by default.
+                     device: str | torch.device | None = None) -> PreTrainedModel:
+    """The small draft model for speculative sampling, a complete HF checkpoint: the course draft
+    (data/draft_model) by default, or the checkpoint folder `path`.
 
-    With `target`, the target's own draft (path None: its committed one, e.g. data/smollm2/sps/ for SmolLM2,
-    which shares the target's embedding and head; in the target's dtype and device, dtype/device ignored).
+    A target's own draft (e.g. data/smollm2/sps/ for SmolLM2, which shares the target's embedding and head,
+    so it is built on the loaded target) is found by `dvi_lite.methods.sps.resolve_draft(target, path)`:
+    that is a method's piece, and this low-level loader imports no method module (no import circle).
     """
-    if target is not None:
-        from dvi_lite.methods.sps.draft import resolve_draft
-
-        return resolve_draft(target, path)
     model, _ = load_model(path if path is not None else DRAFT_MODEL, dtype=dtype, device=device)
     return model
 

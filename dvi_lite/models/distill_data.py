@@ -1,0 +1,404 @@
+"""The self-distillation set at scale: the target's own answers, with its outputs stored once, in shards.
+
+A draft is only as good as the data it imitates. `models/teacher.py` keeps one small in-memory set (87k
+tokens); this module builds millions of tokens on a CPU in resumable shards under
+build/distill/<fingerprint>/:
+
+    python -m dvi_lite distill-data --model smollm2 --tokens 2000000
+
+Each prompt shard holds about `shard_prompts` prompts (models/prompt_pool.py: the training half of the
+Spec-Bench dev questions, questions the model writes itself, and corpus-passage templates), answered by the
+model in bf16 batches, greedy or sampled (temperatures cycle over `temperatures`), up to `answer_tokens`
+each. Then one teacher pass over prompt + answer stores, at every position:
+
+- `ids` (N,) int32, the tokens; rows are concatenated, `offsets` (R + 1,) says where each starts and
+  `prompt_len` (R,) where its answer begins;
+- `top_ids` / `top_logp` (N, top_k): the target's most likely next tokens and their log-probs (full softmax);
+- `h{k}` (N, D) bf16: the state after k layers, for every k in `layers` and for the last layer (pre-norm).
+
+A shard is written to a temporary file and renamed; its JSON (rows, sources, groups, times) is written last,
+so a shard is done exactly when its JSON exists. A killed run resumes at the first shard without one and
+redoes nothing. `card.json` is rebuilt after every shard: counts per source and task group, duplicates
+removed, tokens, generation throughput. Shards whose index is `val_every - 1` mod `val_every` are held out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.core.checks import check_int
+from dvi_lite.core.generate import prompt_ids
+from dvi_lite.core.runner import Runner
+from dvi_lite.models import prompt_pool as pool
+from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.paths import BUILD_DIR
+
+
+@dataclass
+class DistillConfig:
+    tokens: int = 2_000_000  # answer tokens to reach (the corpus windows come on top)
+    layers: tuple[int, ...] = (2, 4, 6, 8, 15, 27)  # exit layers (Kangaroo/DVI sweep) and EAGLE's fused layers
+    top_k: int = 32  # target tokens kept per position
+    answer_tokens: int = 256  # new tokens per answer at most
+    prompt_chars: int = 3000  # a longer user message keeps its head and tail (pool.shorten) within this many chars
+    shard_prompts: int = 96  # prompts per shard
+    specbench_per_shard: int = 4  # Spec-Bench training questions per shard, until they run out
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # 0 = greedy; cycled over generation batches
+    gen_batch: int = 48  # answers generated together (left-padded)
+    forward_tokens: int = 4096  # padded tokens per teacher forward
+    corpus_windows: int = 192  # windows of the corpus' train split (a shard of their own)
+    corpus_len: int = 256
+    val_every: int = 20  # every val_every-th shard is held out
+    seed: int = 0
+
+    def check(self) -> None:
+        check_int("tokens", self.tokens, 1)
+        check_int("top_k", self.top_k, 1)
+        check_int("answer_tokens", self.answer_tokens, 1)
+        check_int("shard_prompts", self.shard_prompts, 6, what="at least one per task group")
+        check_int("gen_batch", self.gen_batch, 1)
+        check_int("corpus_windows", self.corpus_windows, 0)
+        check_int("val_every", self.val_every, 2)
+        if not self.temperatures or any(not 0.0 <= t <= 2.0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be a non-empty list of values in [0, 2], got {self.temperatures}")
+
+
+def distill_dir(model) -> Path:
+    return BUILD_DIR / "distill" / fingerprint(model)
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def generate_batch(model, tok, prompts: list[list[int]], max_new: int, temperature: float,
+                   seed: int) -> list[list[int]]:
+    """The model's continuation of each prompt (left-padded together), cut after its EOS."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(map(len, prompts))
+    dev = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)  # (B, T)
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    torch.manual_seed(seed)
+    sample = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new, pad_token_id=pad, **sample)
+    rows = []
+    for row in out[:, width:].tolist():
+        rows.append(row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row)
+    return rows
+
+
+def _chat(tok, text: str, cfg: DistillConfig) -> list[int]:
+    """Prompt ids for one user message (a raw continuation for a model without a chat template)."""
+    text = pool.shorten(text, cfg.prompt_chars)
+    chat = bool(getattr(tok, "chat_template", None))
+    return prompt_ids(tok, [{"role": "user", "content": text}] if chat else text)
+
+
+@torch.no_grad()
+def teacher_pass(model, rows: list[list[int]], cfg: DistillConfig) -> dict[str, torch.Tensor]:
+    """One full forward per batch of rows (right-padded): the flat per-position outputs of the shard."""
+    runner = Runner.for_model(model)
+    bad = [k for k in cfg.layers if not 1 <= k < runner.n_layers]
+    if bad:
+        raise ValueError(f"layers must lie in [1, {runner.n_layers - 1}] for this model, got {bad}")
+    stops = sorted(set(cfg.layers)) + [runner.n_layers]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    per_row: dict[int, dict[str, torch.Tensor]] = {}
+    b = 0
+    while b < len(order):
+        t = len(rows[order[b]])
+        n = max(1, cfg.forward_tokens // max(t, 1))
+        idx = order[b:b + n]
+        t = max(len(rows[i]) for i in idx)
+        x = torch.zeros(len(idx), t, dtype=torch.long)
+        for j, i in enumerate(idx):
+            x[j, : len(rows[i])] = torch.tensor(rows[i])
+        x = x.to(runner.device)  # (B, T)
+        pos = torch.arange(t, device=x.device)[None].expand(len(idx), -1)
+        h, start, states = runner.embed(x), 0, {}
+        for k in stops:
+            h = runner.layers_forward(h, None, pos, start, k)  # (B, T, D)
+            start = k
+            states[f"h{k}"] = h.to("cpu", torch.bfloat16)
+        logp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
+        v, top = logp.topk(cfg.top_k, dim=-1)  # (B, T, top_k)
+        for j, i in enumerate(idx):
+            n_i = len(rows[i])
+            per_row[i] = {key: s[j, :n_i] for key, s in states.items()}
+            per_row[i]["top_ids"] = top[j, :n_i].to("cpu", torch.int32)
+            per_row[i]["top_logp"] = v[j, :n_i].to("cpu", torch.float16)
+        b += len(idx)
+    out = {key: torch.cat([per_row[i][key] for i in range(len(rows))]) for key in per_row[0]}
+    out["ids"] = torch.tensor([t for r in rows for t in r], dtype=torch.int32)
+    out["offsets"] = torch.tensor([0] + list(torch.tensor([len(r) for r in rows]).cumsum(0).tolist()))
+    return out
+
+
+def _save_shard(folder: Path, name: str, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Tensors first (temporary file, then rename), the JSON last: the JSON marks the shard as done."""
+    from safetensors.torch import save_file
+
+    tmp = folder / f"{name}.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, folder / f"{name}.safetensors")
+    _atomic_json(folder / f"{name}.json", meta)
+
+
+def shard_prompts(model, tok, i: int, cfg: DistillConfig, train: list[dict], passages: pool.Passages,
+                  seen: set[str]) -> tuple[list[dict], dict]:
+    """Shard i's prompts (deduplicated against `seen`, which grows) and the self-instruct counts."""
+    rng = random.Random(cfg.seed * 1_000_003 + i)
+    rows = [{"group": q["group"], "category": q["category"], "source": "specbench", "text": q["turns"][0],
+             "id": q["id"]} for q in train[i * cfg.specbench_per_shard:(i + 1) * cfg.specbench_per_shard]]
+    per_group = max(1, (cfg.shard_prompts - len(rows)) // 6)
+    requests = [r for g in pool.SELF_INSTRUCT_SEEDS for r in pool.self_instruct_requests(g, per_group, train, rng)]
+    asked = [_chat(tok, r["messages"][0]["content"], cfg) for r in requests]
+    replies = generate_batch(model, tok, asked, 64, 1.0, seed=cfg.seed * 7919 + i) if asked else []
+    n_rejected = 0
+    for r, reply in zip(requests, replies, strict=True):
+        q = pool.clean_question(tok.decode(reply, skip_special_tokens=True))
+        if q is None:
+            n_rejected += 1
+            continue
+        rows.append({"group": r["group"], "category": r["category"], "source": "self_instruct", "text": q})
+    rows += [pool.template_prompt(g, passages, rng) for g in pool.TEMPLATE_GROUPS for _ in range(per_group)]
+    kept, dups = [], 0
+    for r in rows:
+        key = pool.normalise(r["text"])
+        if key in seen:
+            dups += 1
+            continue
+        seen.add(key)
+        kept.append(r)
+    return kept, {"self_instruct_asked": len(requests), "self_instruct_rejected": n_rejected, "duplicates": dups}
+
+
+def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: set[str], folder: Path,
+                bar: tqdm) -> dict:
+    """Prompts, answers and the teacher pass for shard i; returns its meta (also written as its JSON)."""
+    t0 = time.time()
+    prompts, counts = shard_prompts(model, tok, i, cfg, train, passages, seen)
+    t_prompts = time.time() - t0
+    ids = [_chat(tok, p["text"], cfg) for p in prompts]
+    order = sorted(range(len(ids)), key=lambda j: len(ids[j]))  # similar lengths batch together
+    answers: dict[int, list[int]] = {}
+    temps: dict[int, float] = {}
+    t1 = time.time()
+    for b in range(0, len(order), cfg.gen_batch):
+        idx = order[b:b + cfg.gen_batch]
+        temp = cfg.temperatures[(i * 7 + b // cfg.gen_batch) % len(cfg.temperatures)]
+        out = generate_batch(model, tok, [ids[j] for j in idx], cfg.answer_tokens, temp,
+                             seed=cfg.seed * 31 + i * 101 + b)
+        for j, a in zip(idx, out, strict=True):
+            answers[j], temps[j] = a, temp
+        bar.update(sum(map(len, out)))
+    t_gen = time.time() - t1
+    rows = [ids[j] + answers[j] for j in range(len(ids))]
+    t2 = time.time()
+    tensors = teacher_pass(model, rows, cfg)
+    tensors["prompt_len"] = torch.tensor([len(x) for x in ids], dtype=torch.int32)
+    n_answer = sum(len(answers[j]) for j in range(len(ids)))
+    meta = {"shard": i, "split": "val" if i % cfg.val_every == cfg.val_every - 1 else "train",
+            "rows": [{k: p[k] for k in ("group", "category", "source", "text")} | {"temperature": temps[j],
+                      "prompt_tokens": len(ids[j]), "answer_tokens": len(answers[j])} for j, p in enumerate(prompts)],
+            "answer_tokens": n_answer, "positions": int(tensors["ids"].numel()), **counts,
+            "seconds": {"prompts": round(t_prompts, 1), "generate": round(t_gen, 1),
+                        "teacher": round(time.time() - t2, 1)}}
+    _save_shard(folder, f"shard_{i:05d}", tensors, meta)
+    return meta
+
+
+def build_corpus_shard(model, tok, cfg: DistillConfig, folder: Path) -> dict | None:
+    """cfg.corpus_windows windows of the corpus' train split, through the teacher (no answers: all positions)."""
+    if cfg.corpus_windows == 0 or (folder / "corpus.json").is_file():
+        return None
+    from dvi_lite.course_model.train import encode_split
+
+    t0 = time.time()
+    data = torch.as_tensor(encode_split(tok, "train").astype("int64"))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    starts = torch.randint(0, len(data) - cfg.corpus_len, (cfg.corpus_windows,), generator=gen).tolist()
+    rows = [data[s:s + cfg.corpus_len].tolist() for s in starts]
+    tensors = teacher_pass(model, rows, cfg)
+    tensors["prompt_len"] = torch.zeros(len(rows), dtype=torch.int32)
+    meta = {"shard": "corpus", "split": "train", "rows": len(rows), "positions": int(tensors["ids"].numel()),
+            "seconds": {"teacher": round(time.time() - t0, 1)}}
+    _save_shard(folder, "corpus", tensors, meta)
+    return meta
+
+
+def done_shards(folder: Path) -> list[dict]:
+    """Metas of the finished prompt shards, in order (a shard is finished when its JSON exists)."""
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("shard_*.json"))]
+
+
+def write_card(model, folder: Path, cfg: DistillConfig, command: str) -> dict:
+    """card.json from every finished shard: counts per source and task group, duplicates, tokens, throughput."""
+    from dvi_lite.study.provenance import provenance
+
+    metas = done_shards(folder)
+    corpus = json.loads((folder / "corpus.json").read_text()) if (folder / "corpus.json").is_file() else None
+    by_source: dict[str, dict[str, int]] = {}
+    by_group: dict[str, dict[str, int]] = {}
+    for m in metas:
+        for r in m["rows"]:
+            for table, key in ((by_source, r["source"]), (by_group, r["group"])):
+                c = table.setdefault(key, {"prompts": 0, "answer_tokens": 0})
+                c["prompts"] += 1
+                c["answer_tokens"] += r["answer_tokens"]
+    gen_s = sum(m["seconds"]["generate"] for m in metas)
+    answer = sum(m["answer_tokens"] for m in metas)
+    card = {"model": fingerprint(model), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "config": asdict(cfg), "shards": len(metas),
+            "val_shards": [m["shard"] for m in metas if m["split"] == "val"],
+            "answer_tokens": answer, "positions": sum(m["positions"] for m in metas),
+            "val_answer_tokens": sum(m["answer_tokens"] for m in metas if m["split"] == "val"),
+            "corpus_positions": corpus["positions"] if corpus else 0,
+            "by_source": by_source, "by_group": by_group,
+            "duplicates_removed": sum(m["duplicates"] for m in metas),
+            "self_instruct": {"asked": sum(m["self_instruct_asked"] for m in metas),
+                              "rejected": sum(m["self_instruct_rejected"] for m in metas)},
+            "seconds": {k: round(sum(m["seconds"][k] for m in metas), 1) for k in ("prompts", "generate", "teacher")}
+            | {"corpus": corpus["seconds"]["teacher"] if corpus else 0.0},
+            "generation_tokens_per_s": round(answer / gen_s, 1) if gen_s else None,
+            "provenance": provenance(command)}
+    _atomic_json(folder / "card.json", card)
+    return card
+
+
+def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, command: str = "") -> dict:
+    """Build (or resume) the set until it holds cfg.tokens answer tokens; returns the card."""
+    from dvi_lite.study import specbench
+
+    cfg.check()
+    folder = Path(folder) if folder is not None else distill_dir(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.tmp"):  # a write the last run was killed in
+        stale.unlink()
+    build_corpus_shard(model, tok, cfg, folder)
+    train = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))
+    passages = pool.Passages.from_corpus("train")
+    metas = done_shards(folder)
+    seen = {pool.normalise(r["text"]) for m in metas for r in m["rows"]}
+    have = sum(m["answer_tokens"] for m in metas)
+    bar = tqdm(total=cfg.tokens, initial=min(have, cfg.tokens), unit="tok", unit_scale=True, desc="answer tokens",
+               smoothing=0.05)
+    i = len(metas)
+    while have < cfg.tokens:
+        meta = build_shard(model, tok, i, cfg, train, passages, seen, folder, bar)
+        have += meta["answer_tokens"]
+        write_card(model, folder, cfg, command)
+        i += 1
+    bar.close()
+    return write_card(model, folder, cfg, command)
+
+
+def shard_files(folder: str | Path, split: str = "train", corpus: bool = True) -> list[Path]:
+    """The finished shards of a split ("train" or "val"), in order; the corpus shard counts as train."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    folder = Path(folder)
+    if not (folder / "card.json").is_file():
+        raise FileNotFoundError(f"no self-distillation set in {folder}: build it with "
+                                "`python -m dvi_lite distill-data --model ...`")
+    names = [f"shard_{m['shard']:05d}" for m in done_shards(folder) if m["split"] == split]
+    if split == "train" and corpus and (folder / "corpus.json").is_file():
+        names.insert(0, "corpus")
+    return [folder / f"{n}.safetensors" for n in names]
+
+
+def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int, ...] = (),
+                    max_tokens: int | None = None, corpus: bool = True):
+    """Shards of a split as one `TeacherData` (rows right-padded), so every recipe that distils from the
+    teacher's outputs reads the set unchanged. Only the states after `layers` (and the final state) are
+    loaded; `max_tokens` stops after the shard that reaches that many positions (a learning curve's budget)."""
+    from safetensors import safe_open
+
+    from dvi_lite.models.teacher import TeacherData
+
+    rows: list[dict[str, torch.Tensor]] = []
+    n_pos = 0
+    final_key = None
+    for path in shard_files(folder, split, corpus):
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            final_key = final_key or max((k for k in keys if k.startswith("h")), key=lambda k: int(k[1:]))
+            missing = [k for k in layers if f"h{k}" not in keys]
+            if missing:
+                kept = sorted(int(k[1:]) for k in keys if k.startswith("h"))
+                raise ValueError(f"the set keeps the states after layers {kept}, not {missing}; rebuild it with "
+                                 "--layers including them")
+            t = {k: f.get_tensor(k) for k in ["ids", "offsets", "top_ids", "top_logp", final_key]
+                 + [f"h{k}" for k in layers]}
+        off = t["offsets"].tolist()
+        for a, b in zip(off[:-1], off[1:], strict=True):
+            rows.append({k: v[a:b] for k, v in t.items() if k != "offsets"})
+        n_pos += off[-1]
+        if max_tokens is not None and n_pos >= max_tokens:
+            break
+    if not rows:
+        raise ValueError(f"the {split!r} split of {folder} has no finished shard yet")
+    n, width = len(rows), max(len(r["ids"]) for r in rows)
+    d, k_top = rows[0][final_key].shape[-1], rows[0]["top_ids"].shape[-1]
+    tokens = torch.zeros(n, width, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    states = {k: torch.zeros(n, width, d, dtype=torch.bfloat16) for k in layers}
+    final = torch.zeros(n, width, d, dtype=torch.bfloat16)
+    top_ids = torch.zeros(n, width, k_top, dtype=torch.long)
+    top_logp = torch.zeros(n, width, k_top, dtype=torch.float16)
+    for i, r in enumerate(rows):
+        m = len(r["ids"])
+        tokens[i, :m], mask[i, :m] = r["ids"].long(), True
+        for k in layers:
+            states[k][i, :m] = r[f"h{k}"]
+        final[i, :m], top_ids[i, :m], top_logp[i, :m] = r[final_key], r["top_ids"].long(), r["top_logp"]
+    card = json.loads((Path(folder) / "card.json").read_text())
+    card = {"source": str(folder), "split": split, "n_rows": n, "n_tokens": int(mask.sum()), "set": card}
+    return TeacherData(tokens, mask, states, final, top_ids, top_logp, card)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog("distill-data"), description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="'course', 'smollm2' or a local HF checkpoint folder")
+    ap.add_argument("--dtype", default="bfloat16", help="the target's dtype while generating (bf16: twice as fast)")
+    ap.add_argument("--tokens", type=int, default=DistillConfig.tokens, help="answer tokens to reach")
+    ap.add_argument("--answer-tokens", type=int, default=DistillConfig.answer_tokens)
+    ap.add_argument("--shard-prompts", type=int, default=DistillConfig.shard_prompts)
+    ap.add_argument("--gen-batch", type=int, default=DistillConfig.gen_batch)
+    ap.add_argument("--corpus-windows", type=int, default=DistillConfig.corpus_windows)
+    ap.add_argument("--layers", type=int, nargs="+", default=list(DistillConfig.layers))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="folder (default: build/distill/<fingerprint>/)")
+    args = ap.parse_args(argv)
+
+    def run() -> dict:
+        from dvi_lite.models.loading import load_model
+
+        cfg = DistillConfig(tokens=args.tokens, answer_tokens=args.answer_tokens, shard_prompts=args.shard_prompts,
+                            gen_batch=args.gen_batch, corpus_windows=args.corpus_windows, layers=tuple(args.layers),
+                            seed=args.seed)
+        cfg.check()
+        model, tok = load_model(args.model, dtype=args.dtype)
+        return build(model, tok, cfg, args.out, command_line("distill-data", argv))
+
+    card = run_or_usage_error(ap, run)
+    print(json.dumps({k: card[k] for k in ("shards", "answer_tokens", "positions", "generation_tokens_per_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

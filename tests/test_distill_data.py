@@ -1,0 +1,108 @@
+"""The self-distillation set (models/distill_data.py) on the course model at toy sizes: what a shard holds,
+that a resumed build redoes nothing, that a half-written shard is rebuilt the same, and the reader."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from dvi_lite.models import distill_data as dd
+from dvi_lite.models import prompt_pool as pool
+from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+
+
+def tiny(tokens: int) -> dd.DistillConfig:
+    return dd.DistillConfig(tokens=tokens, layers=(2,), top_k=4, answer_tokens=6, shard_prompts=6,
+                            specbench_per_shard=1, gen_batch=6, corpus_windows=2, corpus_len=16, val_every=2)
+
+
+@pytest.fixture(scope="module")
+def course_model():
+    from dvi_lite.models.loading import load_model
+
+    return load_model("course", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def built(course_model, tmp_path_factory):
+    model, tok = course_model
+    folder = tmp_path_factory.mktemp("distill")
+    card = dd.build(model, tok, tiny(1), folder)  # one shard reaches one token
+    return model, tok, folder, card
+
+
+def test_shard_holds_every_position(built):
+    from safetensors.torch import load_file
+
+    model, _, folder, card = built
+    assert card["shards"] == 1 and card["answer_tokens"] > 0
+    t = load_file(str(folder / "shard_00000.safetensors"))
+    n = int(t["offsets"][-1])
+    assert t["ids"].shape == (n,) and t["top_ids"].shape == (n, 4) and t["top_logp"].shape == (n, 4)
+    assert t["h2"].shape == (n, model.config.hidden_size) and f"h{model.config.num_hidden_layers}" in t
+    meta = json.loads((folder / "shard_00000.json").read_text())
+    assert sum(r["prompt_tokens"] + r["answer_tokens"] for r in meta["rows"]) == n
+    assert {r["source"] for r in meta["rows"]} <= {"specbench", "self_instruct", "template"}
+    assert card["by_group"] and sum(g["answer_tokens"] for g in card["by_group"].values()) == card["answer_tokens"]
+    # the stored top-k equals one teacher forward over the same row (models/teacher.py's reference)
+    row = t["ids"][: int(t["offsets"][1])].long().tolist()
+    ref = teacher_outputs(model, [row], TeacherConfig(layers=(2,), top_k=4, batch_size=1))
+    assert torch.equal(ref.top_ids[0].int(), t["top_ids"][: len(row)])
+    assert torch.equal(ref.states[2][0], t["h2"][: len(row)])
+
+
+def test_resume_redoes_nothing_and_rebuilds_a_half_written_shard(built):
+    model, tok, folder, _ = built
+    first = (folder / "shard_00000.safetensors").read_bytes()
+    stamp = (folder / "shard_00000.json").stat().st_mtime_ns
+    (folder / "junk.safetensors.tmp").write_bytes(b"half a write")  # a kill mid-write leaves a .tmp
+    card = dd.build(model, tok, tiny(2 * built[3]["answer_tokens"] + 1), folder)
+    assert (folder / "shard_00000.json").stat().st_mtime_ns == stamp  # shard 0 was not redone
+    assert (folder / "shard_00000.safetensors").read_bytes() == first
+    assert card["shards"] >= 2 and not list(folder.glob("*.tmp"))
+    # a shard whose JSON is missing is unfinished: it is rebuilt, deterministically, to the same bytes
+    last = f"shard_{card['shards'] - 1:05d}"
+    before = (folder / f"{last}.safetensors").read_bytes()
+    (folder / f"{last}.json").unlink()
+    dd.build(model, tok, tiny(card["answer_tokens"]), folder)
+    assert (folder / f"{last}.safetensors").read_bytes() == before
+    texts = [pool.normalise(r["text"]) for m in dd.done_shards(folder) for r in m["rows"]]
+    assert len(texts) == len(set(texts))  # no duplicate prompt across shards
+
+
+def test_load_as_teacher(built):
+    _, _, folder, _ = built
+    data = dd.load_as_teacher(folder, "train", layers=(2,))
+    assert data.tokens.shape == data.mask.shape and data.states[2].shape[:2] == data.tokens.shape
+    assert data.n_tokens == data.card["n_tokens"] > 0
+    with pytest.raises(ValueError, match="layers"):
+        dd.load_as_teacher(folder, "train", layers=(3,))
+    with pytest.raises(ValueError, match="split"):
+        dd.load_as_teacher(folder, "test")
+    with pytest.raises(FileNotFoundError, match="distill-data"):
+        dd.load_as_teacher(folder / "nowhere")
+
+
+def test_bad_config_names_the_parameter():
+    with pytest.raises(ValueError, match="shard_prompts"):
+        dd.DistillConfig(shard_prompts=2).check()
+    with pytest.raises(ValueError, match="temperatures"):
+        dd.DistillConfig(temperatures=(3.0,)).check()
+
+
+def test_prompt_pool_helpers():
+    assert pool.clean_question("1. What is the capital of France?\n\nMore text") == "What is the capital of France?"
+    assert pool.clean_question("ok") is None
+    long = "Summarize: " + "x" * 5000 + " Question?"
+    short = pool.shorten(long, 300)
+    assert len(short) == 300 and short.startswith("Summarize:") and short.endswith("Question?")
+    passages = pool.Passages(paragraphs=["Alpha Beta text " * 40, "Gamma Delta text " * 40],
+                             sentences=["The Python interpreter reads the source file line by line."])
+    rng = random.Random(0)
+    for g in pool.TEMPLATE_GROUPS:
+        p = pool.template_prompt(g, passages, rng)
+        assert p["group"] == g and p["text"]
+    with pytest.raises(ValueError, match="group"):
+        pool.template_prompt("qa", passages, rng)
