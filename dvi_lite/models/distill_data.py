@@ -8,8 +8,8 @@ build/distill/<fingerprint>/:
 
 Each prompt shard holds about `shard_prompts` prompts (models/prompt_pool.py: the training half of the
 Spec-Bench dev questions, questions the model writes itself, and corpus-passage templates), answered by the
-model in bf16 batches, greedy or sampled (temperatures cycle over `temperatures`), up to `answer_tokens`
-each. Then one teacher pass over prompt + answer stores, at every position:
+model in batches, greedy or sampled (temperatures cycle over `temperatures`), up to `answer_tokens` each.
+The generating pass itself (forward hooks, no second forward) stores, at every position of prompt + answer:
 
 - `ids` (N,) int32, the tokens; rows are concatenated, `offsets` (R + 1,) says where each starts and
   `prompt_len` (R,) where its answer begins;
@@ -49,13 +49,13 @@ class DistillConfig:
     layers: tuple[int, ...] = (2, 4, 6, 8, 15, 27)  # exit layers (Kangaroo/DVI sweep) and EAGLE's fused layers
     top_k: int = 32  # target tokens kept per position
     answer_tokens: int = 256  # new tokens per answer at most
-    prompt_chars: int = 3000  # a longer user message keeps its head and tail (pool.shorten) within this many chars
+    prompt_chars: int = 2000  # a longer user message keeps its head and tail (pool.shorten) within this many chars
     shard_prompts: int = 96  # prompts per shard
     specbench_per_shard: int = 4  # Spec-Bench training questions per shard, until they run out
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # 0 = greedy; cycled over generation batches
     gen_batch: int = 48  # answers generated together (left-padded)
-    forward_tokens: int = 4096  # padded tokens per teacher forward
-    corpus_windows: int = 192  # windows of the corpus' train split (a shard of their own)
+    forward_tokens: int = 2048  # padded tokens per teacher forward (the corpus shard)
+    corpus_windows: int = 96  # windows of the corpus' train split (a shard of their own, one teacher forward)
     corpus_len: int = 256
     val_every: int = 20  # every val_every-th shard is held out
     seed: int = 0
@@ -141,11 +141,62 @@ def teacher_pass(model, rows: list[list[int]], cfg: DistillConfig) -> dict[str, 
             per_row[i] = {key: s[j, :n_i] for key, s in states.items()}
             per_row[i]["top_ids"] = top[j, :n_i].to("cpu", torch.int32)
             per_row[i]["top_logp"] = v[j, :n_i].to("cpu", torch.float16)
+            per_row[i]["ids"] = torch.tensor(rows[i], dtype=torch.int32)
         b += len(idx)
-    out = {key: torch.cat([per_row[i][key] for i in range(len(rows))]) for key in per_row[0]}
-    out["ids"] = torch.tensor([t for r in rows for t in r], dtype=torch.int32)
-    out["offsets"] = torch.tensor([0] + list(torch.tensor([len(r) for r in rows]).cumsum(0).tolist()))
+    return flatten([per_row[i] for i in range(len(rows))])
+
+
+def flatten(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-row outputs (each (n_i, ...)) -> the shard's flat tensors (N, ...) and `offsets` (R + 1,)."""
+    out = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
+    out["offsets"] = torch.tensor([0] + torch.tensor([len(r["ids"]) for r in rows]).cumsum(0).tolist())
     return out
+
+
+@torch.no_grad()
+def answers_with_states(model, tok, prompts: list[list[int]], cfg: DistillConfig, temperature: float,
+                        seed: int) -> list[dict[str, torch.Tensor]]:
+    """The model's answers and, in the same pass, its states and top-k at every position of prompt + answer.
+
+    Generating already runs the full model over every position (the prompt at prefill, then one token a
+    step), so forward hooks on the decoder layers keep the states after each layer in cfg.layers and after
+    the last one: no second teacher forward. The last token of a row has no state (its forward never runs),
+    so a row keeps prompt + answer without it; the last kept position's top-k still predicts that token.
+    Top-k log-probs come from the last layer's state through the final norm and LM head, in fp32.
+    """
+    runner = Runner.for_model(model)
+    bad = [k for k in cfg.layers if not 1 <= k < runner.n_layers]
+    if bad:
+        raise ValueError(f"layers must lie in [1, {runner.n_layers - 1}] for this model, got {bad}")
+    keep = sorted(set(cfg.layers)) + [runner.n_layers]
+    seen: dict[int, list[torch.Tensor]] = {k: [] for k in keep}
+
+    def hook(k: int):
+        def fn(_module, _args, out):
+            h = out[0] if isinstance(out, tuple) else out  # (B, t, D)
+            seen[k].append(h.detach() if k == runner.n_layers else h.detach().to("cpu", torch.bfloat16))
+        return fn
+
+    handles = [runner.layers[k - 1].register_forward_hook(hook(k)) for k in keep]
+    try:
+        answers = generate_batch(model, tok, prompts, cfg.answer_tokens, temperature, seed)
+    finally:
+        for h in handles:
+            h.remove()
+    width = max(map(len, prompts))
+    states = {k: torch.cat(v, dim=1) for k, v in seen.items()}  # (B, width + steps, D)
+    rows = []
+    for j, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+        ids = (p + a)[:-1]
+        lo, hi = width - len(p), width - len(p) + len(ids)
+        row = {f"h{k}": states[k][j, lo:hi] for k in keep[:-1]}
+        last = states[keep[-1]][j, lo:hi]  # (n, D) fp32
+        logp = runner.logits(last[None].to(runner.lm_head.weight.dtype)).float().log_softmax(-1)[0]  # (n, V)
+        v, top = logp.topk(cfg.top_k, dim=-1)
+        row |= {f"h{keep[-1]}": last.to("cpu", torch.bfloat16), "top_ids": top.to("cpu", torch.int32),
+                "top_logp": v.to("cpu", torch.float16), "ids": torch.tensor(ids, dtype=torch.int32)}
+        rows.append(row)
+    return rows
 
 
 def _save_shard(folder: Path, name: str, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -189,35 +240,31 @@ def shard_prompts(model, tok, i: int, cfg: DistillConfig, train: list[dict], pas
 
 def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: set[str], folder: Path,
                 bar: tqdm) -> dict:
-    """Prompts, answers and the teacher pass for shard i; returns its meta (also written as its JSON)."""
+    """Prompts, then answers with the target's outputs, for shard i; returns its meta (also written as its JSON)."""
     t0 = time.time()
     prompts, counts = shard_prompts(model, tok, i, cfg, train, passages, seen)
     t_prompts = time.time() - t0
     ids = [_chat(tok, p["text"], cfg) for p in prompts]
     order = sorted(range(len(ids)), key=lambda j: len(ids[j]))  # similar lengths batch together
-    answers: dict[int, list[int]] = {}
+    rows: dict[int, dict[str, torch.Tensor]] = {}
     temps: dict[int, float] = {}
     t1 = time.time()
     for b in range(0, len(order), cfg.gen_batch):
         idx = order[b:b + cfg.gen_batch]
         temp = cfg.temperatures[(i * 7 + b // cfg.gen_batch) % len(cfg.temperatures)]
-        out = generate_batch(model, tok, [ids[j] for j in idx], cfg.answer_tokens, temp,
-                             seed=cfg.seed * 31 + i * 101 + b)
-        for j, a in zip(idx, out, strict=True):
-            answers[j], temps[j] = a, temp
-        bar.update(sum(map(len, out)))
+        out = answers_with_states(model, tok, [ids[j] for j in idx], cfg, temp, seed=cfg.seed * 31 + i * 101 + b)
+        for j, r in zip(idx, out, strict=True):
+            rows[j], temps[j] = r, temp
+        bar.update(sum(len(r["ids"]) - len(ids[j]) for j, r in zip(idx, out, strict=True)))
     t_gen = time.time() - t1
-    rows = [ids[j] + answers[j] for j in range(len(ids))]
-    t2 = time.time()
-    tensors = teacher_pass(model, rows, cfg)
+    tensors = flatten([rows[j] for j in range(len(ids))])
     tensors["prompt_len"] = torch.tensor([len(x) for x in ids], dtype=torch.int32)
-    n_answer = sum(len(answers[j]) for j in range(len(ids)))
+    n_ans = {j: len(rows[j]["ids"]) - len(ids[j]) for j in range(len(ids))}
     meta = {"shard": i, "split": "val" if i % cfg.val_every == cfg.val_every - 1 else "train",
             "rows": [{k: p[k] for k in ("group", "category", "source", "text")} | {"temperature": temps[j],
-                      "prompt_tokens": len(ids[j]), "answer_tokens": len(answers[j])} for j, p in enumerate(prompts)],
-            "answer_tokens": n_answer, "positions": int(tensors["ids"].numel()), **counts,
-            "seconds": {"prompts": round(t_prompts, 1), "generate": round(t_gen, 1),
-                        "teacher": round(time.time() - t2, 1)}}
+                      "prompt_tokens": len(ids[j]), "answer_tokens": n_ans[j]} for j, p in enumerate(prompts)],
+            "answer_tokens": sum(n_ans.values()), "positions": int(tensors["ids"].numel()), **counts,
+            "seconds": {"prompts": round(t_prompts, 1), "generate": round(t_gen, 1), "teacher": 0.0}}
     _save_shard(folder, f"shard_{i:05d}", tensors, meta)
     return meta
 
@@ -322,17 +369,24 @@ def shard_files(folder: str | Path, split: str = "train", corpus: bool = True) -
 
 
 def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int, ...] = (),
-                    max_tokens: int | None = None, corpus: bool = True):
-    """Shards of a split as one `TeacherData` (rows right-padded), so every recipe that distils from the
-    teacher's outputs reads the set unchanged. Only the states after `layers` (and the final state) are
-    loaded; `max_tokens` stops after the shard that reaches that many positions (a learning curve's budget)."""
+                    max_tokens: int | None = None, corpus: bool = True, width: int | None = 256,
+                    final: bool = True):
+    """Shards of a split as one `TeacherData`, so every recipe that distils from the teacher's outputs reads
+    the set unchanged.
+
+    Each sequence is cut into windows of `width` positions (None = whole sequences): rows are right-padded to
+    the longest row, and sequences run from 60 to over 1000 positions, so whole rows would be mostly padding.
+    Only the states after `layers` are loaded, and the final state when `final`. `max_tokens` stops after the
+    shard that reaches that many positions (a data-scaling budget).
+    """
     from safetensors import safe_open
 
     from dvi_lite.models.teacher import TeacherData
 
+    if width is not None:
+        check_int("width", width, 2)
     rows: list[dict[str, torch.Tensor]] = []
-    n_pos = 0
-    final_key = None
+    n_pos, final_key = 0, None
     for path in shard_files(folder, split, corpus):
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
@@ -342,33 +396,42 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
                 kept = sorted(int(k[1:]) for k in keys if k.startswith("h"))
                 raise ValueError(f"the set keeps the states after layers {kept}, not {missing}; rebuild it with "
                                  "--layers including them")
-            t = {k: f.get_tensor(k) for k in ["ids", "offsets", "top_ids", "top_logp", final_key]
-                 + [f"h{k}" for k in layers]}
-        off = t["offsets"].tolist()
+            names = ["ids", "top_ids", "top_logp"] + [f"h{k}" for k in layers] + ([final_key] if final else [])
+            t = {k: f.get_tensor(k) for k in names}
+            off = f.get_tensor("offsets").tolist()
         for a, b in zip(off[:-1], off[1:], strict=True):
-            rows.append({k: v[a:b] for k, v in t.items() if k != "offsets"})
+            step = (b - a) if width is None else width
+            for s in range(a, b, step):
+                e = min(b, s + step)
+                if e - s >= 2:
+                    rows.append({k: v[s:e] for k, v in t.items()})
         n_pos += off[-1]
         if max_tokens is not None and n_pos >= max_tokens:
             break
     if not rows:
         raise ValueError(f"the {split!r} split of {folder} has no finished shard yet")
-    n, width = len(rows), max(len(r["ids"]) for r in rows)
-    d, k_top = rows[0][final_key].shape[-1], rows[0]["top_ids"].shape[-1]
-    tokens = torch.zeros(n, width, dtype=torch.long)
-    mask = torch.zeros(n, width, dtype=torch.bool)
-    states = {k: torch.zeros(n, width, d, dtype=torch.bfloat16) for k in layers}
-    final = torch.zeros(n, width, d, dtype=torch.bfloat16)
-    top_ids = torch.zeros(n, width, k_top, dtype=torch.long)
-    top_logp = torch.zeros(n, width, k_top, dtype=torch.float16)
+    n, w = len(rows), max(len(r["ids"]) for r in rows)
+    k_top = rows[0]["top_ids"].shape[-1]
+    d = next((v.shape[-1] for key, v in rows[0].items() if key.startswith("h")), 0)  # hidden size
+    tokens = torch.zeros(n, w, dtype=torch.long)
+    mask = torch.zeros(n, w, dtype=torch.bool)
+    states = {k: torch.zeros(n, w, d, dtype=torch.bfloat16) for k in layers}
+    last = torch.zeros(n, w, d, dtype=torch.bfloat16) if final else torch.zeros(0)
+    top_ids = torch.zeros(n, w, k_top, dtype=torch.long)
+    top_logp = torch.zeros(n, w, k_top, dtype=torch.float16)
     for i, r in enumerate(rows):
         m = len(r["ids"])
         tokens[i, :m], mask[i, :m] = r["ids"].long(), True
         for k in layers:
             states[k][i, :m] = r[f"h{k}"]
-        final[i, :m], top_ids[i, :m], top_logp[i, :m] = r[final_key], r["top_ids"].long(), r["top_logp"]
+        if final:
+            last[i, :m] = r[final_key]
+        top_ids[i, :m], top_logp[i, :m] = r["top_ids"].long(), r["top_logp"]
     card = json.loads((Path(folder) / "card.json").read_text())
-    card = {"source": str(folder), "split": split, "n_rows": n, "n_tokens": int(mask.sum()), "set": card}
-    return TeacherData(tokens, mask, states, final, top_ids, top_logp, card)
+    card = {"model": card["model"], "source": str(folder), "split": split, "width": width, "n_rows": n,
+            "n_tokens": int(mask.sum()), "config": card["config"], "provenance": card["provenance"],
+            "set": {k: card[k] for k in ("shards", "answer_tokens", "positions", "corpus_positions")}}
+    return TeacherData(tokens, mask, states, last, top_ids, top_logp, card)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,10 @@ class TrainConfig:
     val_frac: float = 0.1  # rows held out for the agreement estimate (chosen by the seed)
     autocast: bool = True  # bf16 autocast (CPU or CUDA); False = fp32
     ckpt_every_s: float = 120.0  # seconds between checkpoints
+    milestones: tuple[int, ...] = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
+    # tokens seen at which the held-out agreement is measured and a snapshot kept (the learning curve)
+    max_minutes: float | None = None  # stop (checkpointed, resumable) once training has taken this long in all
+    val_max_tokens: int = 40_000  # held-out positions scored at each milestone
     seed: int = 0  # one seed for the split, the row order and nothing else (the init is the target's)
     extra: dict = field(default_factory=dict)
 
@@ -101,9 +105,35 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
+def _recipe(cfg: dict) -> dict:
+    """What a checkpoint must match to be resumed: the config without the time budget."""
+    return {k: v for k, v in cfg.items() if k != "max_minutes"}
+
+
+def val_rows_capped(teacher: TeacherData, rows: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """The first held-out rows holding about max_tokens real positions (a milestone's evaluation budget)."""
+    n = teacher.mask[rows].sum(1).cumsum(0)
+    return rows[: max(1, int((n < max_tokens).sum()) + 1)]
+
+
+def snapshot(draft, path: Path) -> None:
+    """The draft's own weights in fp16 (a learning-curve point, for measuring tau later), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float16) for k, v in draft.model.state_dict().items()
+             if k.startswith(("layers.", "norm."))}
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
 def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, command: str = "",
-           resume: bool = True, ckpt: str | Path | None = None, vocab_ids: torch.Tensor | None = None) -> dict:
-    """Build the draft from the target's `cfg.layers`, distil it, save it (draft.pt + card.json) in out_dir."""
+           resume: bool = True, ckpt: str | Path | None = None, vocab_ids: torch.Tensor | None = None,
+           val: TeacherData | None = None) -> dict:
+    """Build the draft from the target's `cfg.layers`, distil it, save it (draft.pt + card.json) in out_dir.
+
+    val: held-out data (the distillation set's val shards); None = hold out cfg.val_frac of `teacher`'s rows.
+    At every milestone of tokens seen, the held-out agreement is measured and a snapshot kept under
+    out_dir/curve/: the learning curve goes into the card.
+    """
     from dvi_lite.study.provenance import provenance
 
     check_int("steps", cfg.steps, 1)
@@ -118,55 +148,77 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
     for p in own:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(own, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    train_rows, val_rows = split_rows(len(teacher.tokens), cfg)
+    if val is None:
+        train_rows, val_rows = split_rows(len(teacher.tokens), cfg)
+        val = teacher
+    else:
+        train_rows, val_rows = torch.arange(len(teacher.tokens)), torch.arange(len(val.tokens))
+    val_rows = val_rows_capped(val, val_rows, cfg.val_max_tokens)
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.cat([train_rows[torch.randperm(len(train_rows), generator=gen)]
                        for _ in range(cfg.steps * cfg.batch_rows // len(train_rows) + 1)])
     ckpt = Path(ckpt) if ckpt is not None else BUILD_DIR / "ckpt" / f"sps_{fingerprint(target)}.pt"
-    step, log, elapsed, init = 0, [], 0.0, None
+    step, log, elapsed, init, seen, curve = 0, [], 0.0, None, 0, []
     if resume and ckpt.is_file():
         ck = torch.load(ckpt, weights_only=False)
-        if ck["cfg"] == asdict(cfg):
+        if _recipe(ck["cfg"]) == _recipe(asdict(cfg)):
             draft.model.load_state_dict(ck["own"], strict=False)
             opt.load_state_dict(ck["opt"])
             step, log, elapsed, init = ck["step"], ck["log"], ck["elapsed"], ck["init"]
-    init = init or evaluate(draft.eval(), teacher, val_rows, cfg)  # the copied layers before any step
+            seen, curve = ck.get("seen", 0), ck.get("curve", [])
+    init = init or evaluate(draft.eval(), val, val_rows, cfg)  # the copied layers before any step
+    curve = curve or [{"tokens": 0, "step": 0, **init}]
     t0, last = time.time() - elapsed, time.time()
     bar = tqdm(range(step, cfg.steps), initial=step, total=cfg.steps, desc=f"sps draft ({len(cfg.layers)} layers)")
     draft.train()
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = cfg.lr * lr_at(step, cfg)
-        loss, _ = batch_loss(draft, teacher, order[step * cfg.batch_rows:(step + 1) * cfg.batch_rows], cfg)
+        loss, c = batch_loss(draft, teacher, order[step * cfg.batch_rows:(step + 1) * cfg.batch_rows], cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(own, cfg.grad_clip)
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        seen += c["n"]
+        bar.set_postfix(loss=f"{loss.item():.3f}", tokens=f"{seen / 1e6:.2f}M")
         if step % 20 == 0 or step + 1 == cfg.steps:
-            log.append({"step": step + 1, "loss": round(loss.item(), 4)})
-        if time.time() - last > cfg.ckpt_every_s or step + 1 == cfg.steps:
+            log.append({"step": step + 1, "loss": round(loss.item(), 4), "tokens": seen})
+        passed = [m for m in cfg.milestones if seen >= m and all(p["tokens"] < m for p in curve[1:])]
+        out_of_time = cfg.max_minutes is not None and time.time() - t0 > 60 * cfg.max_minutes
+        if passed or step + 1 == cfg.steps or out_of_time:  # a learning-curve point
+            draft.eval()
+            curve.append({"tokens": seen, "step": step + 1, **evaluate(draft, val, val_rows, cfg)})
+            snapshot(draft, Path(out_dir) / "curve" / f"tokens_{seen}.pt")
+            draft.train()
+        if time.time() - last > cfg.ckpt_every_s or step + 1 == cfg.steps or passed or out_of_time:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"cfg": asdict(cfg), "own": {k: v for k, v in draft.model.state_dict().items()
                                                     if k.startswith(("layers.", "norm."))},
                         "opt": opt.state_dict(), "step": step + 1, "log": log, "init": init,
-                        "elapsed": time.time() - t0},
+                        "elapsed": time.time() - t0, "seen": seen, "curve": curve},
                        ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
             last = time.time()
+        if out_of_time and step + 1 < cfg.steps:
+            bar.close()
+            print(f"stopped after {cfg.max_minutes} min at step {step + 1} ({seen} tokens seen): run the same "
+                  "command again to resume")
+            return {"stopped": True, "step": step + 1, "steps": cfg.steps, "tokens_seen": seen, "curve": curve,
+                    "init": init, "final": curve[-1], "wall_time_s": round(time.time() - t0, 1)}
     wall = time.time() - t0
     draft.eval()
     for p in own:
         p.requires_grad_(False)
-    final = evaluate(draft, teacher, val_rows, cfg)
+    final = curve[-1] if curve[-1]["step"] == cfg.steps else evaluate(draft, val, val_rows, cfg)
     prov = provenance(command or None)
     card = {"what": "SpS draft: the target's layers " + ",".join(map(str, cfg.layers)) + " + final norm, "
             "distilled; embedding and LM head shared with the target (not stored)",
             "target": fingerprint(target), "config": asdict(cfg),
             "vocab": None if vocab_ids is None else int(len(vocab_ids)),
             "data": {k: teacher.card.get(k) for k in ("config", "model", "n_rows", "n_tokens", "provenance")},
-            "train_rows": len(train_rows), "val_rows": len(val_rows), "steps": cfg.steps,
-            "init": init, "final": final, "log": log, "wall_time_s": round(wall, 1),
+            "val_data": {k: val.card.get(k) for k in ("split", "n_rows", "n_tokens")} if val is not teacher else None,
+            "train_rows": len(train_rows), "val_rows": len(val_rows), "steps": cfg.steps, "tokens_seen": seen,
+            "init": init, "final": final, "curve": curve, "log": log, "wall_time_s": round(wall, 1),
             "own_values": sum(p.numel() for p in own),
             "command": prov["command"], "commit": prov["commit"], "device": "cpu, 2 cores"
             if str(draft.lm_head.weight.device) == "cpu" else prov["device"], "provenance": prov}
@@ -191,7 +243,7 @@ SMOKE_TEXTS = ("def add(a, b):\n    return a + b\n", "The quick brown fox jumps 
 
 
 def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False,
-                    cfg: TrainConfig | None = None) -> dict:
+                    cfg: TrainConfig | None = None, data: str | Path | None = None) -> dict:
     """Regenerate the SpS draft of the model at `model_path` (SmolLM2) by the recipe into `out_dir`; its card.
 
     The teacher data is the model's (built first if missing: models/teacher.py); smoke = a tiny teacher built
@@ -212,6 +264,11 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         with tempfile.TemporaryDirectory() as tmp:
             return distil(model, teacher, cfg, out_dir, command, resume=False, ckpt=Path(tmp) / "ckpt.pt",
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
+    if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
+        from dvi_lite.models.distill_data import load_as_teacher
+
+        train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
+        return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
     teacher = teacher_for(model, tok)
     return distil(model, teacher, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab))
 
@@ -231,22 +288,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
     ap.add_argument("--batch-rows", type=int, default=TrainConfig.batch_rows)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
-    ap.add_argument("--no-autocast", action="store_true", help="train in fp32")
+    ap.add_argument("--no-autocast", action="store_true", help="train in fp32 (the default where bf16 is slow: "
+                    "a CPU without AVX-512)")
+    ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data); "
+                    "default: the small teacher set")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
     ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/sps)")
     ap.add_argument("--smoke", action="store_true", help="a tiny teacher and 3 steps (CI)")
     args = ap.parse_args(argv)
     command = " ".join(["python -m dvi_lite.methods.sps.train", *(sys.argv[1:] if argv is None else argv)])
+    from dvi_lite.models.loading import bf16_is_fast
+
     cfg = TrainConfig(layers=tuple(args.layers), vocab=args.vocab or None, steps=args.steps,
-                      batch_rows=args.batch_rows, lr=args.lr, autocast=not args.no_autocast)
+                      batch_rows=args.batch_rows, lr=args.lr, autocast=not args.no_autocast and bf16_is_fast("cpu"),
+                      max_minutes=args.max_minutes)
 
     def run() -> dict:
         out = args.out
         if out is None:
             out = artifacts_dir(load_model(args.model)[0]) / "sps"
-        return prepare_smollm2(str(resolve_model(args.model)), Path(out), command, args.smoke, cfg)
+        return prepare_smollm2(str(resolve_model(args.model)), Path(out), command, args.smoke, cfg, args.data)
 
     card = run_or_usage_error(ap, run)
-    print(json.dumps({k: card[k] for k in ("init", "final", "wall_time_s", "steps")}))
+    print(json.dumps({k: card[k] for k in ("init", "final", "wall_time_s", "steps") if k in card}))
     return 0
 
 
