@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                             "search a skip set with the low-noise objective (alpha + cost model), BO vs baselines"),
     "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),
     "medusa-train": ("dvi_lite.methods.medusa.train:main", "distil Medusa heads from the frozen model"),
+    "eagle-train": ("dvi_lite.methods.eagle.train:main", "train the EAGLE head from the stored target outputs"),
     "dvi": ("dvi_lite.methods.dvi.cli:main", "train DVI's exit head online (the CPU and GPU entry point)"),
     "draft-verify-search": ("dvi_lite.methods.draft_verify.search:main",
                             "search Draft & Verify's skip set by Bayesian optimisation"),

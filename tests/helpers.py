@@ -116,60 +116,129 @@ def random_dist(v: int, gen: torch.Generator, zeros: int = 0) -> torch.Tensor:
     return (x / x.sum()).float()
 
 
-def _pool(obs: np.ndarray, exp: np.ndarray, min_expected: float) -> tuple[list[float], list[float]]:
-    """Cells expected below `min_expected` pooled into one (merged into the smallest other cell if the pool
-    is still too small): the usual validity condition of the chi-square approximation."""
-    small = exp < min_expected
-    o, e = list(obs[~small]), list(exp[~small])
-    pool_o, pool_e = obs[small].sum(), exp[small].sum()
-    if pool_e > 0:
-        if pool_e < min_expected and e:
-            i = int(np.argmin(e))
-            o[i] += pool_o
-            e[i] += pool_e
+def _pool_cells(exp: np.ndarray, min_expected: float) -> list[np.ndarray]:
+    """The cells of one row, as index arrays, from its expected counts alone: each entry expected >=
+    `min_expected` is a cell, the smaller ones are pooled into one (merged into the smallest other cell if
+    the pool is still too small), the usual validity condition of the chi-square approximation. Entries of
+    probability 0 belong to no cell (a token there contradicts the law outright)."""
+    idx = np.flatnonzero(exp > 0)
+    cells = [np.array([i]) for i in idx if exp[i] >= min_expected]
+    small = idx[exp[idx] < min_expected]
+    if small.size:
+        if exp[small].sum() >= min_expected or not cells:
+            cells.append(small)
         else:
-            o.append(pool_o)
-            e.append(pool_e)
-    return o, e
+            k = int(np.argmin([exp[c].sum() for c in cells]))
+            cells[k] = np.concatenate([cells[k], small])
+    return cells
 
 
-def conditional_chi2(counts, probs, min_expected: float = 5.0) -> tuple[float, int, int]:
-    """Pearson's test of the conditional law of a token given its context: counts and probs (C, V), row c =
-    context c. Given each row's total n_c, row c is multinomial(n_c, probs[c]) under the null, so the rows'
-    statistics add up: returns (statistic, degrees of freedom, observations in cells of probability 0).
-    Each row pools its small cells (_pool); rows left with one cell add nothing."""
-    obs = np.asarray(torch.as_tensor(counts, dtype=torch.float64), dtype=np.float64)
-    p = np.asarray(torch.as_tensor(probs, dtype=torch.float64).cpu(), dtype=np.float64)
-    assert obs.shape == p.shape and obs.ndim == 2 and (p >= 0).all()
-    stat, df, impossible = 0.0, 0, 0
-    for o_row, p_row in zip(obs, p, strict=True):
-        n = o_row.sum()
-        if n == 0:
-            continue
-        zero = p_row == 0
-        impossible += int(o_row[zero].sum())
-        o, e = _pool(o_row[~zero], p_row[~zero] / p_row.sum() * n, min_expected)
-        if len(e) >= 2:
-            stat += float(sum((a - b) ** 2 / b for a, b in zip(o, e, strict=True)))
-            df += len(e) - 1
-    return stat, df, impossible
+class NoTestableCell(AssertionError):
+    """A chi-square test whose cells all pooled into one: it can contradict nothing, so it must not pass."""
 
 
 def chi2_sf(stat: float, df: int) -> float:
+    """P(chi2(df) > stat). df = 0 (no testable cell) raises NoTestableCell: a test that cannot reject the
+    null is a failed test, not a passed one (it used to return p = 1, so such tests could hardly fail)."""
     from scipy.stats import chi2
 
-    return float(chi2.sf(stat, df)) if df > 0 else 1.0  # no testable cell: nothing contradicts the law
+    if df <= 0:
+        raise NoTestableCell("no testable cell: every cell was pooled into one (too few draws or a point-mass "
+                             "law), so the test cannot contradict the law; use more draws or coarser cells")
+    return float(chi2.sf(stat, df))
+
+
+def chi2_power(df: int, n: int, w: float | None = None, alpha: float | None = None) -> float:
+    """Power of Pearson's test with `df` degrees of freedom at level `alpha` against every deviation of
+    Cohen's effect size w (measured on the tested cells), with n draws in the tested rows: under such a
+    deviation the statistic is noncentral chi-square with lambda = n w^2. 0.0 when df = 0."""
+    from scipy.stats import chi2, ncx2
+
+    w = W_DESIGN if w is None else w
+    alpha = ALPHA if alpha is None else alpha
+    return float(ncx2.sf(chi2.isf(alpha, df), df, n * w * w)) if df > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LawTest:
+    """One Pearson test of a (conditional) law: its statistic, the degrees of freedom and draws left after
+    pooling (rows whose cells pooled into one are not tested: their draws are lost to the test), and the
+    tokens of probability 0 that were emitted (any one of them contradicts the law outright)."""
+    name: str
+    stat: float
+    df: int
+    n: int
+    impossible: int
+
+    @property
+    def testable(self) -> bool:
+        return self.df > 0
+
+    @property
+    def pvalue(self) -> float:
+        """0 when a token of probability 0 was emitted; NoTestableCell when nothing could be tested."""
+        return 0.0 if self.impossible else chi2_sf(self.stat, self.df)
+
+    @property
+    def power(self) -> float:
+        """Achieved power at W_DESIGN and ALPHA, for the cells and draws this test actually used."""
+        return chi2_power(self.df, self.n)
+
+
+def law_test(counts, joint, n_design: float | None = None, name: str = "", min_expected: float = 5.0) -> LawTest:
+    """Pearson's test of the law of a token given its context: counts (R, V) of (context, token) and their
+    exact joint law joint (R, V) = P(context, token) (one row: a plain goodness of fit).
+
+    The cells are fixed before looking at the draws, from the expected counts n_design * joint (n_design:
+    the planned draws, default the observed total): each row pools its small cells (_pool_cells); rows left
+    with one cell (a nearly deterministic next token, or a rare context) are merged into one group of rows,
+    whose law is their mixture P(token | context in the group), and pooled again. Given each group's total
+    n_g, its counts are multinomial(n_g, P(cell | group)) under the null (the draws are i.i.d.), so the
+    groups' statistics and degrees of freedom add up; under a deviation of effect size w the statistic is
+    noncentral with lambda = n w^2, n = the draws in tested groups. Merging rows tests less than each row
+    alone, but it keeps draws that a row-by-row test would throw away (the coarser cells of the power
+    calculation above)."""
+    obs = np.asarray(torch.as_tensor(counts, dtype=torch.float64), dtype=np.float64)
+    p = np.asarray(torch.as_tensor(joint, dtype=torch.float64).cpu(), dtype=np.float64)
+    assert obs.shape == p.shape and obs.ndim == 2 and (p >= 0).all() and p.sum() > 0
+    p = p / p.sum()
+    impossible = int(obs[p == 0].sum())
+    exp = (obs.sum() if n_design is None else n_design) * p
+    groups, rest = [], []
+    for a in range(p.shape[0]):
+        cells = _pool_cells(exp[a], min_expected)
+        if len(cells) >= 2:
+            groups.append(([a], cells))
+        elif exp[a].sum() > 0:
+            rest.append(a)
+    if rest:
+        cells = _pool_cells(exp[rest].sum(0), min_expected)
+        if len(cells) >= 2:
+            groups.append((rest, cells))
+    stat, df, n_tested = 0.0, 0, 0
+    for rows, cells in groups:
+        o = np.array([obs[rows][:, c].sum() for c in cells])
+        pi = np.array([p[rows][:, c].sum() for c in cells])
+        n = o.sum()
+        if n == 0:
+            continue
+        e = n * pi / pi.sum()
+        stat += float(((o - e) ** 2 / e).sum())
+        df += len(cells) - 1
+        n_tested += int(n)
+    return LawTest(name, stat, df, n_tested, impossible)
 
 
 def chi2_pvalue(counts, probs, min_expected: float = 5.0) -> float:
     """Chi-square goodness of fit of observed `counts` to the law `probs` (same shape, any dims).
 
-    Cells with probability exactly 0 must never be observed (asserted); small cells are pooled (_pool).
+    Cells with probability exactly 0 must never be observed (asserted); small cells are pooled (_pool);
+    a test left with no testable cell fails (NoTestableCell).
     """
-    stat, df, impossible = conditional_chi2(torch.as_tensor(counts, dtype=torch.float64).reshape(1, -1),
-                                            torch.as_tensor(probs, dtype=torch.float64).reshape(1, -1), min_expected)
-    assert impossible == 0, f"{impossible} tokens of probability 0 were emitted"
-    return chi2_sf(stat, df)
+    t = law_test(torch.as_tensor(counts, dtype=torch.float64).reshape(1, -1),
+                 torch.as_tensor(probs, dtype=torch.float64).reshape(1, -1), min_expected=min_expected)
+    assert t.impossible == 0, f"{t.impossible} tokens of probability 0 were emitted"
+    return t.pvalue
 
 
 def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
@@ -182,27 +251,75 @@ def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
     return float(brentq(lambda lam: ncx2.sf(crit, df, lam) - power, 1e-6, 1e6))
 
 
-# ---------------------------------------------------------------- the power calculation behind the draw count
+# ---------------------------------------------------------------- false alarms, power and the draw count
 #
-# The check tests the law of t2 given t1 (the first token a verifier decides) with Pearson's statistic,
-# V rows x V cells: at most DF = V (V - 1) = 56 degrees of freedom for V = 8 (pooling only lowers them,
-# which raises the power). A deviation of the conditional law q_a(b) from p_a(b) has Cohen's effect size
-#     w^2 = sum_a p(t1 = a) sum_b (q_a(b) - p_a(b))^2 / p_a(b),
-# and with N draws the statistic is noncentral chi-square with lambda = N w^2. So N draws reject every
-# deviation of size >= W_DESIGN with probability >= POWER at level ALPHA when N >= lambda*(DF) / W_DESIGN^2.
-# W_DESIGN is set below the smallest exact w of the negative controls, chains and trees (0.27 for "resample
-# from p"; tests/test_negative_controls.py computes each control's w from the models' exact laws and asserts
-# it is >= W_DESIGN), so the draw count is the one that detects those controls with 99 % power.
-ALPHA = 1e-3  # every p-value of the check must exceed it (seeds are fixed, so each case is deterministic)
-POWER = 0.99
-W_DESIGN = 0.25
-DF_T2 = 8 * 7
+# Level. Every law test of the suite is a fixed-seed chi-square test that must pass on a correct method.
+# Over a full run the chance that some correct method fails one (a false alarm) is at most the number of
+# such tests times the per-test level (Bonferroni). LAW_TEST_BUDGET bounds that number. Counted today:
+# lossless_report makes at most TESTED_TOKENS = 5 tests per call (one per tested token), and the tests that
+# must pass are test_lossless.py 11 x 5 = 55, test_negative_controls.py 2 positive controls x 2 and the
+# depth controls' clean t1, t2|t1 (4), test_engine 3 x <= 4, test_kangaroo 2 x 4, test_vocab 2 x 4,
+# test_medusa 4 + 1, test_pld 4, test_draft_verify 4: about 105; test_verify.py's 17 chi-square and
+# binomial tests use the same ALPHA: about 120 in all, leaving room for test_sampling.py's sampler cases
+# (raise LAW_TEST_BUDGET if the count passes 200: ALPHA shrinks and planned_draws grows with log(1/ALPHA)).
+# So ALPHA = 1 % / 200 = 5e-5 keeps the suite-wide false-alarm rate <= SUITE_FALSE_ALARM = 1 % per full run.
+#
+# Cells. Verification touches t2 (depth 1), t3 (depth 2), t4 (depth 3) and the bonus token after an
+# all-accepted chain (t5 in tests/test_lossless.py). Conditioning t_j on the whole prefix t1..t_{j-1}
+# (V^(j-1) rows) leaves t3 with 64 rows and t4 with 512 rows of 8 cells: with ~1,300 draws most rows pool
+# into one cell, so those tests had about 33 % power at w = 0.25 and t4's often had no testable cell at
+# all. Each token t_j (j >= 2) is therefore tested given the token before it, t_{j-1}: V rows x V cells,
+# at most DF_DESIGN = V (V - 1) = 56 degrees of freedom at every depth. The law of t_j given t_{j-1} is
+# exact too (a marginal of the enumerated joint law), and under the null the pairs (t_{j-1}, t_j) of
+# independent draws are i.i.d., so the test is valid at every depth.
+#
+# Power. A deviation of the conditional law q_a(b) from p_a(b) has Cohen's effect size
+#     w^2 = sum_a P(t_{j-1} = a) sum_b (q_a(b) - p_a(b))^2 / p_a(b),
+# and with N draws the statistic is noncentral chi-square with lambda = N w^2; its power at level ALPHA
+# falls as the degrees of freedom grow. Pooling is not free: it lowers the degrees of freedom (which alone
+# would raise the power) but it also hides every deviation inside a pooled cell and drops the draws of rows
+# left with one cell (which lowers it), so the power must be computed on the cells actually tested.
+# law_test fixes its cells from the exact law and the planned N before any draw (rows left with one cell
+# are merged into one group rather than dropped), and planned_draws picks the fewest N (a multiple of 25)
+# at which every test of the case has design power >= POWER at W_DESIGN: 825-1,150 draws for the cases of
+# tests/test_lossless.py, where the worst case (all 56 degrees of freedom, lossless_draws()) needs 1,587.
+# Each test also reports its achieved power, chi2_power(df after pooling, draws in tested groups), and
+# lossless_report fails a test whose achieved power is below POWER_MIN or that has no testable cell.
+# W_DESIGN is below the smallest exact w of the negative controls (tests/test_negative_controls.py computes
+# each control's w from the models' exact laws and asserts it is >= W_DESIGN).
+SUITE_FALSE_ALARM = 0.01  # the most a full run may fail a correct method by chance
+LAW_TEST_BUDGET = 200  # an upper bound on the fixed-seed law tests one full run makes (counted above)
+ALPHA = SUITE_FALSE_ALARM / LAW_TEST_BUDGET  # 5e-5 per test (Bonferroni): a p-value must exceed it
+W_DESIGN = 0.25  # the effect size (Cohen's w) every tested depth must detect
+POWER = 0.99  # the design power of every test at W_DESIGN (planned_draws)
+POWER_MIN = 0.95  # the achieved power every test of lossless_report must reach (else the report fails)
+DF_DESIGN = 8 * 7  # V rows x (V - 1) for the vocabulary-8 models: t_j given t_{j-1}, before any pooling
+TESTED_TOKENS = 5  # t1 (prefill), t2, t3, t4 (depths 1-3) and t5 (the bonus of a 3-token chain)
+DRAW_STEP = 25  # planned_draws' granularity
 
 
 @functools.cache
-def lossless_draws(w: float = W_DESIGN, df: int = DF_T2, alpha: float = ALPHA, power: float = POWER) -> int:
-    """Draws N for which the t2|t1 test detects an effect of size w with the given power (see above)."""
+def lossless_draws(w: float = W_DESIGN, df: int = DF_DESIGN, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Draws N for which a t_j | t_{j-1} test with all DF_DESIGN degrees of freedom and no draw lost detects
+    an effect of size w with the given power: the worst case, and planned_draws' cap (1,587 draws)."""
     return math.ceil(noncentrality_for_power(df, alpha, power) / w ** 2)
+
+
+def planned_draws(laws: list[torch.Tensor], w: float = W_DESIGN, alpha: float = ALPHA, power: float = POWER) -> int:
+    """The fewest draws (a multiple of DRAW_STEP, at most lossless_draws()) at which every law test of `laws`
+    (pair_laws: the joint laws of (context, token)) has design power >= `power` at effect size w.
+
+    The design power of a test is chi2_power(df, n) for the cells law_test fixes from the expected counts
+    N * law and the draws n expected in its tested groups: the same cells the test will use, chosen before
+    any draw. Nearly deterministic rows pool into few cells, so most cases need far fewer draws than the
+    worst case (56 degrees of freedom) would."""
+    cap = lossless_draws(w, DF_DESIGN, alpha, power)
+    start = max(DRAW_STEP, math.floor(noncentrality_for_power(1, alpha, power) / w ** 2 / DRAW_STEP) * DRAW_STEP)
+    for n in range(start, cap, DRAW_STEP):
+        tests = [law_test(n * law, law, n) for law in laws]
+        if all(chi2_power(t.df, t.n, w, alpha) >= power for t in tests):
+            return n
+    return cap
 
 
 # ---------------------------------------------------------------- exact laws and the losslessness check
@@ -217,22 +334,45 @@ def exact_conditionals(model, sampler, prompt=PROMPT8, depth: int = 3) -> list[t
     return [probs[:: v ** (depth - 1 - j), len(prompt) - 1 + j] for j in range(depth)]
 
 
+def exact_joint(model, sampler, prompt=PROMPT8, depth: int = 3) -> torch.Tensor:
+    """P(t1..t_depth | prompt) under `sampler`, by enumeration with the HF model itself: (V,) * depth."""
+    v = model.config.vocab_size
+    cond = exact_conditionals(model, sampler, prompt, depth)
+    joint = cond[0][0]  # (V,)
+    for j in range(1, depth):
+        joint = (joint.reshape(-1, 1) * cond[j]).reshape(-1)  # row-major: (t1..t_j) then t_{j+1}
+    return joint.reshape((v,) * depth)
+
+
 def exact_law_3(model, sampler, prompt=PROMPT8) -> torch.Tensor:
     """P(t1, t2, t3 | prompt) under `sampler`, by enumeration with the HF model itself: (V, V, V)."""
-    v = model.config.vocab_size
-    p1, p2, p3 = exact_conditionals(model, sampler, prompt, 3)
-    return p1[0][:, None, None] * p2.reshape(v, v)[:, :, None] * p3.reshape(v, v, v)
+    return exact_joint(model, sampler, prompt, 3)
 
 
-TESTS = ("t1", "t2|t1", "t3|t1,t2", "t4|t1..t3")
+def pair_laws(joint: torch.Tensor) -> list[torch.Tensor]:
+    """The laws lossless_report tests, from the joint law (V,) * d: [P(t1) as (1, V)] + [P(t_{j-1}, t_j) as
+    (V, V), row = t_{j-1}] for j = 2..d: each token given the one before it (law_test conditions on rows)."""
+    d = joint.ndim
+    def keep(*dims: int) -> torch.Tensor:  # the marginal on `dims` (torch's sum(()) would sum everything)
+        rest = tuple(m for m in range(d) if m not in dims)
+        return joint.sum(rest) if rest else joint
+
+    return [keep(0).reshape(1, -1)] + [keep(j - 1, j) for j in range(1, d)]  # (1, V), then (V, V) each
+
+
+def law_test_names(depth: int) -> list[str]:
+    """["t1", "t2|t1", "t3|t2", ...]: the tests of lossless_report for `depth` tested tokens."""
+    return ["t1"] + [f"t{j + 1}|t{j}" for j in range(1, depth)]
 
 
 @dataclass
 class LosslessReport:
-    """What the check measured: p-values per test, tokens of probability 0, how far the drafts got."""
+    """What the check measured: p-value and achieved power per test, tokens of probability 0, how far the
+    drafts got."""
     what: str
     n: int
     pvalues: dict[str, float] = field(default_factory=dict)
+    power: dict[str, float] = field(default_factory=dict)  # achieved power at W_DESIGN, ALPHA
     impossible: dict[str, int] = field(default_factory=dict)
     accepting_steps: int = 0  # steps that accepted >= 1 draft token
     rejecting_steps: int = 0  # steps that drafted and accepted nothing: a tested draft was rejected
@@ -249,33 +389,37 @@ class LosslessReport:
         return not self.problems
 
     def __str__(self) -> str:
-        ps = ", ".join(f"p({k})={v:.3g}" for k, v in self.pvalues.items())
+        ps = ", ".join(f"p({k})={v:.3g} (power {self.power.get(k, 0):.3f})" for k, v in self.pvalues.items())
         fails = "".join(f"\n  FAIL: {p}" for p in self.problems)
-        return (f"{self.what}, {self.n} draws (seeds 0..{self.n - 1}): {ps}; probability-0 tokens {self.impossible}; "
-                f"steps accepting {self.accepting_steps}, rejecting {self.rejecting_steps}, longest accepted run "
-                f"{self.max_accepted}, deepest proposal {self.max_depth}{fails}")
+        return (f"{self.what}, {self.n} draws (seeds 0..{self.n - 1}), alpha {ALPHA:g}, power at w={W_DESIGN}: "
+                f"{ps}; probability-0 tokens {self.impossible}; steps accepting {self.accepting_steps}, "
+                f"rejecting {self.rejecting_steps}, longest accepted run {self.max_accepted}, deepest proposal "
+                f"{self.max_depth}{fails}")
 
 
 def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                     max_new_tokens: int = 4, n: int | None = None, min_run: int = 0, min_depth: int = 0,
-                    drafts: bool = True, prompt: list[int] = PROMPT8, **method_kwargs) -> LosslessReport:
+                    drafts: bool = True, prompt: list[int] = PROMPT8, min_power: float = POWER_MIN,
+                    **method_kwargs) -> LosslessReport:
     """n seeded generate() calls of `method` from `prompt` (seed = draw index), tested against the target's law.
 
     The first token comes from the prefill, which no verifier touches; the first *verified* token is the
-    second. So each token t_j (j <= min(max_new_tokens, 4)) is tested given the tokens before it
-    (conditional_chi2 against exact_conditionals), and t1 and the joint law of (t1, t2, t3) as before.
-    drafts: require steps that accepted and steps that rejected; min_run: a step accepted >= min_run drafts;
-    min_depth: a proposal min_depth deep was verified.
+    second. t1 is tested on its own and each later token t_j (j <= min(max_new_tokens, TESTED_TOKENS)) given
+    the token before it (law_test against pair_laws of the exact joint law): every depth a verifier
+    decides, the bonus token included, with the cells and power of the calculation above. A test fails the
+    report when its p-value is <= ALPHA, when it has no testable cell, or when its achieved power at W_DESIGN
+    is below min_power. drafts: require steps that accepted and steps that rejected; min_run: a step accepted
+    >= min_run drafts; min_depth: a proposal min_depth deep was verified.
     """
     from dvi_lite import generate
     from dvi_lite.core.sampling import Sampler
 
-    n = lossless_draws() if n is None else n
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-    depth = min(max_new_tokens, len(TESTS))
-    cond = exact_conditionals(model, sampler, prompt, depth)
+    depth = min(max_new_tokens, TESTED_TOKENS)
+    laws = pair_laws(exact_joint(model, sampler, prompt, depth))
+    n = planned_draws(laws) if n is None else n
     v = model.config.vocab_size
-    counts = [torch.zeros(v ** j, v, dtype=torch.float64) for j in range(depth)]
+    counts = [torch.zeros(law.shape, dtype=torch.float64) for law in laws]
     opts = ", ".join(f"{k}={x if isinstance(x, (int, float, str, list, type(None))) else type(x).__name__}"
                      for k, x in method_kwargs.items())
     rep = LosslessReport(f"{method}({opts}) T={temperature} top_k={top_k} top_p={top_p} new={max_new_tokens}", n)
@@ -285,24 +429,30 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
         if len(out.token_ids) != max_new_tokens:
             rep.problems.append(f"seed {i}: {len(out.token_ids)} tokens, not {max_new_tokens}")
             return rep
-        for j in range(depth):
-            row = sum(t * v ** (j - 1 - m) for m, t in enumerate(out.token_ids[:j]))
-            counts[j][row, out.token_ids[j]] += 1
+        t = out.token_ids
+        assert all(0 <= x < v for x in t[:depth]), t
+        counts[0][0, t[0]] += 1
+        for j in range(1, depth):
+            counts[j][t[j - 1], t[j]] += 1
         for s in out.stats.steps:
             rep.accepting_steps += s.accepted > 0
             rep.rejecting_steps += s.drafted > 0 and s.accepted == 0
             rep.max_accepted = max(rep.max_accepted, s.accepted)
             rep.max_depth = max(rep.max_depth, s.depth)
-    tests = [(TESTS[j], counts[j], cond[j]) for j in range(depth)]  # (rows, V) each
-    if depth >= 3:  # the old joint test, kept: rows of the t3 table are (t1, t2), so it reshapes to (t1, t2, t3)
-        joint = cond[0][0][:, None, None] * cond[1].reshape(v, v)[:, :, None] * cond[2].reshape(v, v, v)
-        tests.append(("joint t1,t2,t3", counts[2].reshape(1, -1), joint.reshape(1, -1)))
-    for name, c, p in tests:
-        stat, df, bad = conditional_chi2(c, p)
-        rep.pvalues[name] = 0.0 if bad else chi2_sf(stat, df)
-        rep.impossible[name] = bad
+    for name, c, law in zip(law_test_names(depth), counts, laws, strict=True):
+        test = law_test(c, law, n, name)
+        rep.impossible[name] = test.impossible
+        rep.power[name] = test.power
+        if not test.testable and not test.impossible:
+            rep.problems.append(f"{name}: no testable cell (every row pooled into one cell), so the test could "
+                                "not contradict the law: more draws or coarser cells")
+            continue
+        rep.pvalues[name] = test.pvalue
+        if test.power < min_power:
+            rep.problems.append(f"{name}: achieved power {test.power:.3f} < {min_power} at w={W_DESIGN}, "
+                                f"alpha={ALPHA:g} (df {test.df}, {test.n} draws in tested rows)")
     if rep.law_failed:
-        rep.problems.append(f"the output law differs from the target's (a p-value <= {ALPHA})")
+        rep.problems.append(f"the output law differs from the target's (a p-value <= {ALPHA:g})")
     if drafts and not (rep.accepting_steps and rep.rejecting_steps):
         rep.problems.append("drafts were not both accepted and rejected")
     if rep.max_accepted < min_run:
@@ -322,15 +472,25 @@ def assert_lossless_sampling(model, tok, method: str, **kw) -> LosslessReport:
 # ---------------------------------------------------------------- caches against a fresh prefill
 
 @torch.no_grad()
-def assert_cache_equals_fresh(model, cache, tokens: list[int], atol: float = 1e-5, where: str = "") -> None:
-    """Every layer of `cache` holds, for positions [0, len(tokens)), the keys and values a fresh prefill
-    of `tokens` computes (fp32 tolerance); a layer may hold more (draft positions), never fewer."""
+def assert_cache_equals_fresh(model, cache, tokens: list[int], atol: float = 1e-5, where: str = "",
+                              length: int | None = None, strict: bool = True) -> None:
+    """`cache` holds, in every layer, the keys and values a fresh prefill of `tokens` computes (fp32 tolerance).
+
+    strict (where the engine or drafter promises a crop): every layer holds exactly `length` positions
+    (default len(tokens)), no layer keeps a stale draft position, and all len(tokens) are compared.
+    Not strict: a layer may hold more positions than len(tokens) (draft positions a drafter wrote and has
+    not rolled back yet), never fewer; the first len(tokens) are compared."""
     from dvi_lite.core.runner import Runner
 
     r = Runner(model)
     fresh = r.new_cache(len(tokens) + 1)
     r.forward(torch.tensor([tokens], device=r.device), fresh)
     n = len(tokens)
+    length = n if length is None else length
+    assert length >= n, f"{where}: length {length} < {n} tokens"
+    lens = [cache.layer(i)[0].shape[2] for i in range(r.n_layers)]
+    if strict:
+        assert lens == [length] * r.n_layers, f"{where}: layer lengths {lens}, expected {length} in every layer"
     for i in range(r.n_layers):
         k, v = cache.layer(i)
         fk, fv = fresh.layer(i)

@@ -1,5 +1,7 @@
 """Caches against a fresh prefill: after every step of a run, the target's KV cache for the committed
-positions equals a fresh prefill of the same tokens (helpers.assert_cache_equals_fresh, fp32 tolerance).
+positions equals a fresh prefill of the same tokens (helpers.assert_cache_equals_fresh, fp32 tolerance), and
+strictly: the engine crops every layer after verification, so every layer holds exactly the committed
+positions (no layer may keep a stale draft position), and sps's draft cache exactly the tokens it has run.
 
 For every drafter that touches the target's cache or reuses its shallow states: early_exit, kangaroo
 (chain and tree: shallow reuse + tree gathers), dvi (shallow reuse), draft_verify (writes draft KV into
@@ -71,9 +73,11 @@ def run_checked(model, drafter, prompt, sampler, name, check_draft=None) -> list
         outcomes.append((out, st))
         where = f"{name} step {len(outcomes)}"
         assert out.committed == len(state.cache), where
-        if state.remaining > 0:  # the last step may keep the KV of accepted tokens cut at max_new_tokens
+        if state.remaining > 0:
             assert len(state.cache) == state.committed, where
-        assert_cache_equals_fresh(model, state.cache, state.tokens[:-1], where=where)
+        # the engine crops every layer to the accepted path: each layer holds exactly the committed positions
+        # (the last step may keep the KV of accepted tokens cut at max_new_tokens: exactly out.committed then)
+        assert_cache_equals_fresh(model, state.cache, state.tokens[:-1], where=where, length=out.committed)
         if check_draft is not None:
             check_draft(state, where)
     return outcomes
@@ -100,12 +104,33 @@ def test_sps_target_and_draft_caches_equal_fresh_prefills(target, draft, prompts
     drafter = get_method("sps").build(target, IdTokenizer(), draft_model=draft, k=4)
 
     def check_draft(state, where):
-        assert_cache_equals_fresh(draft, drafter.cache, state.tokens[: -len(drafter.todo)], where=f"{where} draft")
+        # the drafter crops its cache to the committed tokens it has run: exactly those, in every layer. After
+        # the last step the tokens are cut at max_new_tokens, and the draft may have run accepted tokens past
+        # the cut, so there it may hold more (strict=False)
+        assert_cache_equals_fresh(draft, drafter.cache, state.tokens[: -len(drafter.todo)], where=f"{where} draft",
+                                  strict=state.remaining > 0)
 
     steps = []
     for prompt in prompts[:2]:
         steps += run_checked(target, drafter, prompt, SAMPLERS[mode], f"sps/{mode}", check_draft)
     assert any(st.accepted == st.depth for _, st in steps) and any(st.accepted < st.depth for _, st in steps)
+
+
+def test_the_strict_check_catches_a_stale_position_in_one_layer(deep_model):
+    """Negative control of strictness: a cache equal to a fresh prefill except that one layer keeps an extra
+    (draft) position, as a crop that forgets a layer leaves it, passes the lenient check (strict=False: a
+    layer may hold more) and must fail the strict one the engine's runs are held to."""
+    r = Runner(deep_model)
+    tokens = DEEP_PROMPTS[0]
+    cache = r.new_cache(len(tokens) + 4)
+    r.forward(torch.tensor([tokens]), cache)
+    assert_cache_equals_fresh(deep_model, cache, tokens, where="fresh")
+    _, _, heads, _, dim = cache.k.shape  # (L, 1, H, T, D)
+    stale = torch.randn(1, heads, 1, dim, generator=torch.Generator().manual_seed(0))
+    cache.update(stale, stale, r.n_layers - 1)  # the last layer keeps one position more than the others
+    assert_cache_equals_fresh(deep_model, cache, tokens, where="lenient", strict=False)
+    with pytest.raises(AssertionError, match="layer lengths"):
+        assert_cache_equals_fresh(deep_model, cache, tokens, where="stale position")
 
 
 def test_a_cache_that_skips_the_gather_is_caught(deep_model, monkeypatch):

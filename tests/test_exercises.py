@@ -57,13 +57,64 @@ def test_check_passes_the_solution(name):
 
 
 @pytest.mark.parametrize("name, reference", [
-    ("expected_tokens", expected_tokens),
-    ("verify_sampling_chain", verify_sampling_chain),
-    ("tree_attention_mask", lambda parents, past: tree_mask(torch.tensor(parents), past)),
-    ("kl_weight", lambda_schedule),
+    ("expected_tokens", expected_tokens),  # the check also asserts its reference against the geometric sum
+    ("verify_sampling_chain", verify_sampling_chain),  # the check tests laws (χ²) and greedy cases, not equality
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_check_passes_the_package_code(name, reference):
     assert getattr(checks, f"check_{name}")(reference).startswith("ok: ")
+
+
+# The checks of tree_attention_mask and kl_weight compare with the package's tree_mask and lambda_schedule, so
+# passing the package's own function to them compares it with itself and cannot fail. The package code is
+# checked here against independent oracles instead (an ancestor walk; values of exp(-t/T) known by hand), and
+# each oracle must reject the wrong implementations of WRONG.
+
+ORACLE_TREES = [[-1], [-1, 0, 1, 2], [-1, -1, -1], [-1, -1, 0, 0, 1, 2, 4], [-1, 0, 0, 1, 1, 3, 5, 2]]
+
+
+def _ancestors(parents: list[int], i: int) -> set[int]:
+    """Node i and every node on its path to the root, by walking up the parent links."""
+    seen = {i}
+    while parents[i] >= 0:
+        i = parents[i]
+        seen.add(i)
+    return seen
+
+
+def assert_mask_sees_exactly_the_ancestors(mask_fn) -> None:
+    """mask_fn(parents, past) -> (1, 1, N, past + N) bool: node i sees every cached position, itself and its
+    ancestors, and no other node."""
+    for parents in ORACLE_TREES:
+        for past in (0, 3):
+            m = mask_fn(parents, past)
+            n = len(parents)
+            assert m.shape == (1, 1, n, past + n) and m.dtype == torch.bool, (parents, past, m.shape)
+            for i in range(n):
+                assert bool(m[0, 0, i, :past].all()), f"{parents}, past={past}: node {i} does not see the cache"
+                sees = set(m[0, 0, i, past:].nonzero().flatten().tolist())
+                assert sees == _ancestors(parents, i), f"{parents}: node {i} sees {sees}, not its ancestors"
+
+
+def assert_schedule_is_exp_decay_with_a_floor(fn) -> None:
+    """fn(t, T, floor) = max(floor, exp(-t/T)), by values known by hand: 1 at t = 0, 1/e at t = T, 1/e^2 at
+    t = 2T, the floor once exp(-t/T) is below it, and a decay by exp(-1/T) per step above the floor."""
+    for T in (1.0, 7.5, 40.0):
+        assert math.isclose(fn(0, T, 0.05), 1.0), f"λ_0 = {fn(0, T, 0.05)}, not 1 (T={T})"
+        assert math.isclose(fn(T, T, 0.0), 1 / math.e), f"λ_T = {fn(T, T, 0.0)}, not 1/e (T={T})"
+        assert math.isclose(fn(2 * T, T, 0.1), math.e ** -2), f"λ_2T = {fn(2 * T, T, 0.1)}, not 1/e² (T={T})"
+        assert math.isclose(fn(30 * T, T, 0.05), 0.05), f"λ_30T = {fn(30 * T, T, 0.05)}, not the floor 0.05"
+        assert math.isclose(fn(4, T, 0.0) / fn(3, T, 0.0), math.exp(-1 / T)), f"the decay per step is not e^(-1/{T})"
+
+
+@pytest.mark.parametrize("fn", [lambda par, past: tree_mask(torch.tensor(par), past), solutions.tree_attention_mask],
+                         ids=["core.runner.tree_mask", "solution"])
+def test_the_tree_mask_sees_exactly_the_ancestors(fn):
+    assert_mask_sees_exactly_the_ancestors(fn)
+
+
+@pytest.mark.parametrize("fn", [lambda_schedule, solutions.kl_weight], ids=["losses.lambda_schedule", "solution"])
+def test_the_kl_weight_is_an_exponential_decay_with_a_floor(fn):
+    assert_schedule_is_exp_decay_with_a_floor(fn)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -209,6 +260,15 @@ def test_every_check_has_wrong_implementations():
 def test_check_rejects_a_wrong_implementation(name, label):
     with pytest.raises(AssertionError):
         getattr(checks, f"check_{name}")(WRONG[name][label])
+
+
+@pytest.mark.parametrize("name, label", [(n, lab) for n in ("tree_attention_mask", "kl_weight") for lab in WRONG[n]])
+def test_the_oracles_reject_a_wrong_implementation(name, label):
+    """The oracles above can fail: each wrong implementation of WRONG is rejected by them too."""
+    oracle = assert_mask_sees_exactly_the_ancestors if name == "tree_attention_mask" else \
+        assert_schedule_is_exp_decay_with_a_floor
+    with pytest.raises(AssertionError):
+        oracle(WRONG[name][label])
 
 
 @pytest.mark.parametrize("label", list(WRONG["verify_sampling_chain"]))

@@ -1,14 +1,19 @@
 """Every method under sampling, through dvi_lite.generate: the output law equals the target's.
 
 One case per method and drafter shape (chains, and the trees of kangaroo and of each Medusa tree builder),
-on the vocabulary-8 target whose law is enumerated exactly (helpers.exact_conditionals). The samplers
-rotate so that T = 0.7 and T = 1.0, top-k and top-p are each tested on a chain and on a tree. Drafts
-are K = 3 deep and max_new_tokens = 5, so the first step verifies a 3-token chain (or a 3-deep tree)
-and the check tests t2 | t1, t3 | t1, t2 and t4 | t1..t3: every position a verifier decides at depth
-1, 2 and 3. Each case asserts that a step accepted 3 drafts in a row (pld: that 3-token drafts were
-verified; its copies are accepted too rarely on a random model for a run of 3).
+on the vocabulary-8 target whose law is enumerated exactly (helpers.exact_joint). The samplers rotate so
+that T = 0.7 and T = 1.0, top-k and top-p are each tested on a chain and on a tree. Drafts are K = 3 deep
+and max_new_tokens = 5, so the first step verifies a 3-token chain (or a 3-deep tree) and, when it accepts
+all three, draws the bonus token t5: the check tests t1 and each of t2|t1, t3|t2, t4|t3 and t5|t4, every
+position a verifier decides at depth 1, 2 and 3 and the bonus token. Each case asserts that a step
+accepted 3 drafts in a row (pld: that 3-token drafts were verified; its copies are accepted too rarely on
+a random model for a run of 3).
 
-Draws: helpers.lossless_draws() per case (the power calculation in helpers.py), seeds 0..N-1.
+Draws, level and power (helpers.py, "false alarms, power and the draw count"): each case draws
+helpers.planned_draws() (825-1,150 here, seeds 0..N-1), the fewest at which every one of its 5 tests has
+99 % power at Cohen's w = 0.25 and alpha = 5e-5 (1 % false alarms over the suite's <= 200 law tests).
+Each report asserts the achieved power of every test (>= 95 %) and prints it with the p-values;
+test_every_verified_depth_is_powered shows the design numbers without drawing anything.
 The trained pieces are small and cheap, untrained or briefly trained, but each gets drafts accepted:
 a Kangaroo adapter initialised from layer 1 (KangarooAdapter starts from the first deep layer's
 attention), Medusa heads perturbed off the identity (seed 0), and a DVI policy trained for a few fast
@@ -19,9 +24,23 @@ from __future__ import annotations
 import copy
 
 import pytest
-from helpers import PROMPT8, assert_lossless_sampling, perturbed_heads
+from helpers import (
+    ALPHA,
+    POWER,
+    PROMPT8,
+    W_DESIGN,
+    assert_lossless_sampling,
+    exact_joint,
+    law_test,
+    law_test_names,
+    lossless_draws,
+    pair_laws,
+    perturbed_heads,
+    planned_draws,
+)
 
 from dvi_lite.core.runner import Skip
+from dvi_lite.core.sampling import Sampler
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
@@ -32,7 +51,6 @@ SAMPLERS = {"T1": dict(temperature=1.0), "T0.7": dict(temperature=0.7),
             "topk": dict(temperature=1.0, top_k=4), "topp": dict(temperature=0.7, top_p=0.8)}
 PLD_PROMPT = [5, 1, 2, 6, 3, 5, 1]  # repeats, so that prompt lookup finds 3-token continuations to copy
 ACC = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank accuracies for the sparse tree
-
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +101,17 @@ def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, re
                                    prompt=PLD_PROMPT if method == "pld" else PROMPT8, **SAMPLERS[sampler], **need, **kw)
     print(rep)
 
+
+
+@pytest.mark.parametrize("sampler, prompt", [(s, PROMPT8) for s in SAMPLERS] + [("T1", PLD_PROMPT)])
+def test_every_verified_depth_is_powered(target8, sampler, prompt):
+    """The power calculation behind each case's draw count, stated: at planned_draws() every test (t1, the
+    depths t2|t1, t3|t2, t4|t3 and the bonus token t5|t4) has design power >= POWER at w = W_DESIGN and level
+    ALPHA, on the cells law_test fixes from the expected counts (no test is left without a testable cell)."""
+    laws = pair_laws(exact_joint(target8, Sampler(**SAMPLERS[sampler]), prompt, NEW))
+    n = planned_draws(laws)
+    assert n <= lossless_draws()
+    tests = [law_test(n * law, law, n, name) for name, law in zip(law_test_names(NEW), laws, strict=True)]
+    stated = ", ".join(f"{t.name}: df {t.df}, {t.n} draws, power {t.power:.4f}" for t in tests)
+    assert all(t.testable and t.power >= POWER for t in tests), f"{sampler}: {n} draws, alpha {ALPHA:g}: {stated}"
+    print(f"{sampler}: {n} draws, alpha {ALPHA:g}, w {W_DESIGN}: {stated}")

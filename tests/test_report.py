@@ -15,18 +15,20 @@ def test_readme_names_the_two_commands():
 def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     """`make reproduce` records its own wall time (setup included) and the README shows it."""
     import json
-    import time
+    import types
 
     from dvi_lite.study import provenance, reproduce
 
     monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
-    monkeypatch.setenv("DVI_MAKE_START", str(time.time() - 100.0))
+    # a scripted clock, not the wall clock: make started 100 s before "now", so setup took 100 - 90 = 10 s exactly
+    monkeypatch.setattr(reproduce, "time", types.SimpleNamespace(time=lambda: 5000.0))
+    monkeypatch.setenv("DVI_MAKE_START", "4900.0")
     times = {"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}
     path = reproduce.write_timings(times, 90.0, mode="smoke", command="make reproduce")
     body = json.loads(path.read_text())
     assert body["mode"] == "smoke" and body["notebooks_s"] == {"00_a.ipynb": 30.0, "01_b.ipynb": 60.0}
-    assert 9.0 <= body["setup_s"] <= 12.0 and abs(body["total_s"] - body["setup_s"] - 90.0) < 0.2
+    assert body["setup_s"] == 10.0 and body["total_s"] == 100.0
     (tmp_path / "reproduce.json").write_text(path.read_text())
     text = report.render(tmp_path)
     assert "| setup | 00_a | 01_b | total |" in text and "| 0.5 | 1.0 |" in text

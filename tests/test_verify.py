@@ -1,22 +1,23 @@
 """dvi_lite.core.verify: exact identities, hand-checked greedy cases, and statistical losslessness.
 
 Statistical tests: every generator is seeded, so each test is deterministic (it either always passes or
-always fails). We still use a p-value threshold of 1e-3 rather than asserting exact counts: it leaves
-room for the one fixed draw being a bit unusual, while a real bias in the rejection rule (e.g. a wrong
-residual, a wrong acceptance ratio) gives p-values around 1e-20 or less at 20 000 trials.
+always fails). We still use a p-value threshold (helpers.ALPHA = 5e-5, the suite's Bonferroni level) rather
+than asserting exact counts: it leaves room for the one fixed draw being a bit unusual, while a real bias in
+the rejection rule (e.g. a wrong residual, a wrong acceptance ratio) gives p-values around 1e-20 or less at
+20 000 trials.
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import chi2_pvalue, random_dist
+from helpers import ALPHA, chi2_pvalue, random_dist
 from scipy.stats import binomtest
 
 from dvi_lite.core.verify import first_token_law, residual, verify_greedy_chain, verify_sampling_chain, verify_tree
 
 V = 8
 N_TRIALS = 20_000
-P_MIN = 1e-3  # see module docstring
+P_MIN = ALPHA  # see module docstring
 
 
 def _pairs():

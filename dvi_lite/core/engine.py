@@ -39,6 +39,9 @@ class Proposal:
     # no longer follows the target's law), so only an explicitly lossy option may set it. For a chain
     # (parents None) the path must be a prefix 0..n-1.
     accept: Callable[[torch.Tensor, Sampler, torch.Generator], tuple[list[int], int]] | None = None
+    # capture: keep the states after these many layers of the verify forward (EAGLE's fused features), handed
+    # back in Outcome.features for the kept positions; () = none (the default path). Not with `hidden`.
+    capture: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -54,6 +57,7 @@ class Outcome:
     hidden: torch.Tensor  # (1, n+1, D) final pre-norm hidden states at pending + accepted path
     committed: int  # target cache length after this step (= tokens known to the target, pending excluded)
     split_hidden: torch.Tensor | None = None  # (1, N+1, D) layer-`split` states of all inputs (self-speculation)
+    features: dict = field(default_factory=dict)  # {k: (1, n+1, D)} after k layers at pending + path (Proposal.capture)
 
     @property
     def n_accepted(self) -> int:
@@ -64,6 +68,7 @@ class Drafter:
     """Base drafter: proposes nothing, so decoding is plain autoregressive (the AR baseline)."""
     name = "ar"
     capture_layer: int | None = None  # ask the prefill for the prompt's hidden states after this many layers
+    capture_layers: tuple[int, ...] = ()  # ... and after each of these (prefill_hidden; EAGLE's fused features)
     max_draft: int = 0  # the most nodes one proposal can hold: the cache room the engine reserves for it
 
     def __init__(self, model=None, tokenizer=None):
@@ -213,8 +218,11 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     # (drafters may have written draft positions); reused shallow layers keep the m drafted ones
     cache.crop(past, range(prop.split if m else 0, runner.n_layers))
     split_h = None
+    feats: dict[int, torch.Tensor | None] | None = dict.fromkeys(prop.capture) if prop.capture else None
+    if feats is not None and m:
+        raise ValueError("Proposal.capture cannot be combined with Proposal.hidden (self-speculation)")
     if m == 0:
-        h = runner.layers_forward(runner.embed(ids), cache, positions, parents=parents)
+        h = runner.layers_forward(runner.embed(ids), cache, positions, parents=parents, capture=feats)
     else:  # self-speculation: the first m inputs already went through layers [0, split) while drafting
         cache.crop(past + m, range(0, prop.split))
         h = prop.hidden
@@ -245,11 +253,13 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
     if prop.parents is None:  # a chain keeps a prefix: O(1) rollback, a slice instead of a gather
         cache.crop(past + 1 + len(path))
         kept = h[:, : 1 + len(path)]
+        feats = {k: f[:, : 1 + len(path)] for k, f in feats.items()} if feats else {}
     else:
         keep = torch.tensor([0] + [i + 1 for i in path], device=dev)
         cache.keep(past, keep)
         kept = h[:, keep]
-    return Outcome(prop, path, nxt, logits, kept, len(cache), split_h)
+        feats = {k: f[:, keep] for k, f in feats.items()} if feats else {}
+    return Outcome(prop, path, nxt, logits, kept, len(cache), split_h, feats)
 
 
 @torch.no_grad()
@@ -261,11 +271,12 @@ def start(runner: Runner, drafter: Drafter, prompt_ids: list[int], max_new_token
     prompt = torch.tensor([prompt_ids], device=runner.device)
     pos = runner.positions(cache, prompt.shape[1])
     k = drafter.capture_layer if drafter.capture_layer is not None else runner.n_layers
-    hk = runner.layers_forward(runner.embed(prompt), cache, pos, 0, k)
-    h = runner.layers_forward(hk, cache, pos, k) if k < runner.n_layers else hk
+    feats: dict[int, torch.Tensor | None] | None = dict.fromkeys(drafter.capture_layers) or None
+    hk = runner.layers_forward(runner.embed(prompt), cache, pos, 0, k, capture=feats)
+    h = runner.layers_forward(hk, cache, pos, k, capture=feats) if k < runner.n_layers else hk
     logits = runner.logits(h[:, -1:])  # only the last position's logits are needed
     state = DecodeState(runner, cache, sampler, gen, list(prompt_ids), max_new_tokens, len(prompt_ids),
-                        prefill_hidden={k: hk, runner.n_layers: h})
+                        prefill_hidden={**(feats or {}), k: hk, runner.n_layers: h})
     state.tokens.append(sampler.pick(logits[0, -1], gen))
     drafter.prefill(state, prompt)
     return state

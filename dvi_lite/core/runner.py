@@ -166,7 +166,8 @@ class Runner:
 
     def layers_forward(self, h: torch.Tensor, cache: KVCache | None, positions: torch.Tensor,
                        start: int = 0, end: int | None = None, parents: torch.Tensor | None = None,
-                       skip: Skip | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+                       skip: Skip | None = None, mask: torch.Tensor | None = None,
+                       capture: dict[int, torch.Tensor | None] | None = None) -> torch.Tensor:
         """Run layers [start, end) on h (1, n, D) at `positions` (1, n); append their KV to `cache`.
 
         parents: None = the n positions form a chain; else a tree (parents[i] < i, -1 = child of the
@@ -174,8 +175,12 @@ class Runner:
         mask: an explicit (1, 1, n, past + n) mask for every layer run (the caller guarantees they all
         hold `past` positions), e.g. the rows of a tree whose first nodes are already cached.
         A tree with no explicit mask goes through the Triton kernel when this runner's attention is "triton".
+        capture: {k: None, ...} to fill in place with the state after k layers (1, n, D), for every k in
+        [start, end] it names (EAGLE's fused features); other keys are left as they are. None: nothing kept.
         """
         end = self.n_layers if end is None else end
+        if capture is not None and start in capture:
+            capture[start] = h
         n = h.shape[1]
         pe = self.rotary(h, positions)
         masks: dict[int, torch.Tensor | None] = {}
@@ -197,6 +202,8 @@ class Runner:
                     h = h + a
                 if skip is None or i not in skip.mlp:
                     h = h + layer.mlp(layer.post_attention_layernorm(h))
+                if capture is not None and i + 1 in capture:
+                    capture[i + 1] = h  # h is rebound, never written in place: the kept tensor stays as it is
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

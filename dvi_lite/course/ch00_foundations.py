@@ -18,6 +18,7 @@ from pathlib import Path
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.kvcache import kv_bytes, kv_shape
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens
+from dvi_lite.course.modes import current_mode
 from dvi_lite.models.loading import COURSE_MODEL
 from dvi_lite.study.cost import predicted_speedup, v_of, weight_bytes
 from dvi_lite.study.table import check_bench, finite, require
@@ -88,13 +89,17 @@ def regime_table(vs: dict[str, dict], alpha: float, c: float, ks: list[int]) -> 
 
 def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: dict, ar_equal: int,
                      n_prompts: int, benches: dict[str, dict], exact: bool, memory_bound: str | None = None,
-                     compute_bound: str | None = None) -> list[str]:
+                     compute_bound: str | None = None, mode: str | None = None) -> list[str]:
     """Notebook 00's claims: every v(n) table starts at v(1) = 1 with positive entries, the bandwidth and every
     roofline figure are positive, AR equals HF generate on every prompt (when `exact`: an fp32 model), both
-    baselines were benched on every model ({name: bench result}), and (given the two names) the memory-bound
-    model's mean v(n) over the verification sizes of the usual draft lengths (n = 2..9, K = 1..8) is below the
-    compute-bound one's: its verification is the cheaper one. A mean over several n, so that one noisy timing
-    on a shared machine does not decide it."""
+    baselines were benched on every model ({name: bench result}), and (given the two names) the two tables
+    share verification sizes n in 2..9 (K = 1..8).
+
+    The one timing claim, that the memory-bound model's mean v(n) over those n is below the compute-bound
+    one's (its verification is the cheaper one), is asserted in full mode only (`mode`, default: the mode the
+    notebook checked, `modes.current_mode`): it compares two measured timings, and in smoke mode (CI, with
+    pytest-xdist workers loading the same cores) and learner mode it is printed, never asserted. A mean over
+    several n, so that one noisy timing of a full run does not decide it."""
     for name, v in vs.items():
         v = {int(n): x for n, x in v.items()}
         require(v.get(1) == 1.0, f"{name}: v(1) = {v.get(1)} (must be exactly 1)")
@@ -112,8 +117,13 @@ def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: 
         ns = sorted(n for n in set(vm) & set(vc) if 2 <= n <= VERIFY_NS_MAX)
         require(bool(ns), f"no shared n in 2..{VERIFY_NS_MAX} to compare {memory_bound} and {compute_bound}")
         mm, mc = (statistics.mean(v[n] for n in ns) for v in (vm, vc))
-        require(mm < mc, f"mean v(n) over n = {ns}: {memory_bound} ({mm:.2f}) is not below {compute_bound} ({mc:.2f})")
-        out.append(f"mean v(n), n = {ns}: {memory_bound} {mm:.2f} < {compute_bound} {mc:.2f}")
+        if (current_mode() if mode is None else mode) == "full":  # a timing claim: full mode only
+            require(mm < mc,
+                    f"mean v(n) over n = {ns}: {memory_bound} ({mm:.2f}) is not below {compute_bound} ({mc:.2f})")
+            out.append(f"mean v(n), n = {ns}: {memory_bound} {mm:.2f} < {compute_bound} {mc:.2f}")
+        else:
+            out.append(f"mean v(n), n = {ns}: {memory_bound} {mm:.2f}, {compute_bound} {mc:.2f} (a timing: "
+                       "compared in full mode only)")
     require(0 <= ar_equal <= n_prompts, f"AR == HF count {ar_equal} out of range 0..{n_prompts}")
     if exact:
         require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")

@@ -25,6 +25,22 @@ def _save(obj: Any, f: Path) -> None:
     os.replace(tmp, f)
 
 
+def _write_text(f: Path, text: str) -> None:
+    """Write a text file to a temporary name, then rename: a kill mid-write leaves the old file whole."""
+    tmp = f.with_name(f.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, f)
+
+
+def _logged_step(line: str) -> float:
+    """The fast step a log line records; a blank or torn line (a kill inside its write: it can only be a step
+    after the last checkpoint, whose own line was written before it) counts as after every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")
+
+
 class Checkpointing:
     """The checkpoint methods of OnlineTrainer (a mixin: they read and restore the trainer's own fields)."""
 
@@ -95,9 +111,8 @@ class Checkpointing:
         self.load_state_dict(torch.load(f, map_location="cpu", weights_only=False))
         self.last_good_checkpoint = d
         if self.log_path is not None and self.log_path.is_file():  # drop steps logged after the checkpoint
-            keep = [ln for ln in self.log_path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln)["step"] <= self.fast_step]
-            self.log_path.write_text("".join(ln + "\n" for ln in keep))
+            keep = [ln for ln in self.log_path.read_text().splitlines() if _logged_step(ln) <= self.fast_step]
+            _write_text(self.log_path, "".join(ln + "\n" for ln in keep))
 
     def _vocab_n(self) -> int | None:
         """The trimmed draft head's size N the trainer learns on (None: the full vocabulary)."""

@@ -12,8 +12,16 @@ The adapter starts as a copy of layer k's attention + the final norm (KangarooAd
 its validation numbers before training ("init") and after.
 
 Rows are split once by `seed`: a `val_frac` share is held out for validation and the exit-layer sweep
-(`sweep.py`). AdamW, warm-up + cosine to a floor, gradient clipping, bf16 autocast (fp32 master weights),
-checkpoints every `ckpt_every_s` and `resume`.
+(`sweep.py`). AdamW, warm-up + cosine to a floor, gradient clipping, bf16 autocast (fp32 master weights;
+the CLI turns it on only where bf16 is fast: `models.loading.bf16_is_fast`), checkpoints every `ckpt_every_s`
+and `resume`.
+
+The learning curve: given `val` (the self-distillation set's held-out shards, models/distill_data.py), all of
+`data` trains and `val` is held out. At every milestone of tokens seen (`milestones`), at the end and when
+the time budget (`max_minutes`) stops a run, the held-out agreement is measured on up to `val_max_tokens`
+positions, appended to the curve, and an fp16 snapshot of the adapter (load_adapter's format) is written
+under `curve_dir`: tau can be measured from each point later. A run stopped by the time budget leaves a
+checkpoint; the same call again resumes it to the same final weights as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -28,9 +36,12 @@ from dvi_lite.core.checks import check_int, check_real, check_split
 from dvi_lite.core.runner import Runner
 from dvi_lite.course_model.train import TrainConfig, lr_at
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherData, soft_ce
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import BUILD_DIR
+
+MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
 
 @dataclass
@@ -44,16 +55,60 @@ class TeacherFitConfig:
     grad_clip: float = 1.0  # global norm clip
     vocab: int | str = 8192  # the trimmed draft head: N (this model's top-N map) or a saved map's path
     val_frac: float = 0.1  # rows held out (chosen by seed) for validation and the sweep
-    bf16: bool = True  # autocast the forward in bf16 (fp32 master weights): about twice as fast on a CPU
+    bf16: bool = True  # bf16 autocast (fp32 master weights): fast only where models.loading.bf16_is_fast
     ckpt_every_s: float = 120.0  # seconds between checkpoints
+    milestones: tuple[int, ...] = MILESTONES
+    # tokens seen at which the held-out agreement is measured and a snapshot kept (the learning curve)
+    max_minutes: float | None = None  # stop (checkpointed, resumable) once training has taken this long in all
+    val_max_tokens: int = 40_000  # held-out positions scored at each curve point
     seed: int = 0  # row split, data order
 
     def check(self, n_layers: int) -> None:
         check_split(self.split, n_layers)
         check_int("steps", self.steps, 1)
         check_int("batch_rows", self.batch_rows, 1)
+        check_int("val_max_tokens", self.val_max_tokens, 1)
         check_real("lr", self.lr, 0.0)
         check_real("val_frac", self.val_frac, 0.0, 0.9)
+        if self.max_minutes is not None:
+            check_real("max_minutes", self.max_minutes, 0.0)
+        if any(not isinstance(m, int) or m < 1 for m in self.milestones):
+            raise ValueError(f"milestones must be token counts >= 1, got {self.milestones}")
+
+
+# What a checkpoint need not share with the run that resumes it: the time budget, the checkpoint interval, the
+# curve's milestones, and the step count (a run may be extended; the schedule then follows the new count).
+_RESUMABLE_CHANGES = ("max_minutes", "ckpt_every_s", "milestones", "steps")
+
+
+def _recipe(cfg: dict) -> dict:
+    """What a checkpoint must match to be resumed: the config less _RESUMABLE_CHANGES."""
+    return {k: v for k, v in cfg.items() if k not in _RESUMABLE_CHANGES}
+
+
+def _data_id(data: TeacherData) -> dict:
+    """Enough of the data's identity to refuse resuming on another set (e.g. one that has grown since)."""
+    return {"n_rows": int(data.tokens.shape[0]), "n_tokens": data.n_tokens, "source": data.card.get("source")}
+
+
+def rows_capped(data: TeacherData, rows: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """The first of `rows` holding about max_tokens real positions (a curve point's evaluation budget)."""
+    n = data.mask[rows].sum(1).cumsum(0)
+    return rows[: max(1, int((n < max_tokens).sum()) + 1)]
+
+
+def curve_point(tokens: int, step: int, ev: dict) -> dict:
+    """One learning-curve point from `evaluate`'s numbers (the keys every recipe's curve shares)."""
+    return {"tokens": tokens, "step": step, "val_agreement": round(ev["alpha"], 4),
+            "val_soft_ce": round(ev["loss"], 4), "val_tokens": ev["positions"]}
+
+
+def snapshot(adapter: KangarooAdapter, model_fingerprint: str, path: Path) -> None:
+    """The adapter in fp16 in load_adapter's format (a learning-curve point, for measuring tau later), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float16) for k, v in adapter.state_dict().items()}
+    torch.save({"split": adapter.split, "fingerprint": model_fingerprint, "state": state}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
 
 
 def split_rows(n: int, val_frac: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,13 +194,23 @@ def evaluate(adapter: KangarooAdapter, runner: Runner, head: TrimmedHead, data: 
 
 
 def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bool = False,
-                ckpt: Path | None = None, progress: bool = True) -> tuple[KangarooAdapter, dict]:
-    """Train an adapter for exit layer cfg.split on the teacher rows; returns (adapter, card without provenance)."""
+                ckpt: Path | None = None, progress: bool = True, val: TeacherData | None = None,
+                curve_dir: Path | None = None) -> tuple[KangarooAdapter, dict]:
+    """Train an adapter for exit layer cfg.split on the teacher rows; returns (adapter, card without provenance).
+
+    val: held-out data (the distillation set's val shards): all of `data` trains; None = hold out cfg.val_frac
+    of `data`'s rows. The card's `curve` holds the held-out agreement at 0 tokens and at every milestone
+    passed, at the end and at a time stop; curve_dir (optional) receives a snapshot per point after 0.
+    A run stopped by cfg.max_minutes returns card["stopped"] = True (the adapter is unfinished): call again
+    with resume=True to continue from the checkpoint.
+    """
     runner = Runner.for_model(model)
     cfg.check(runner.n_layers)
-    if data.tokens.shape[0] < 2 and cfg.val_frac > 0:
+    if val is None and data.tokens.shape[0] < 2 and cfg.val_frac > 0:
         raise ValueError(f"the teacher data has {data.tokens.shape[0]} row(s): need >= 2 to hold some out")
     data.state(cfg.split)  # a clear error if the teacher did not keep this layer
+    if val is not None:
+        val.state(cfg.split)
     for p in model.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
@@ -156,22 +221,36 @@ def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bo
     head = TrimmedHead(model.get_output_embeddings(), head.ids.cpu())
     head.weight = head.weight.float()
     head.bias = None if head.bias is None else head.bias.float()
-    train_rows, val_rows = split_rows(data.tokens.shape[0], cfg.val_frac, cfg.seed)
+    if val is None:
+        train_rows, val_rows = split_rows(data.tokens.shape[0], cfg.val_frac, cfg.seed)
+        val = data
+    else:
+        train_rows, val_rows = torch.arange(data.tokens.shape[0]), torch.arange(val.tokens.shape[0])
+    val_rows = rows_capped(val, val_rows, cfg.val_max_tokens)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
     tcfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     ckpt = ckpt or BUILD_DIR / "ckpt" / f"kangaroo_teacher_k{cfg.split}.pt"
-    init = {k: v for k, v in evaluate(adapter, runner, head, data, val_rows).items() if k != "per_row"}
-    step, log, elapsed, tokens = 0, [], 0.0, 0
+    ids = {"train": _data_id(data), "val": _data_id(val)}
+    step, log, elapsed, tokens, init, curve = 0, [], 0.0, 0, None, []
     if resume and ckpt.is_file():
         ck = torch.load(ckpt, weights_only=False)
+        if "cfg" in ck and (_recipe(ck["cfg"]) != _recipe(asdict(cfg)) or ck["data"] != ids):
+            raise ValueError(f"checkpoint {ckpt} was made with another recipe or data set ({ck['data']}); "
+                             "delete it to start over, or drop resume")
         adapter.load_state_dict(ck["adapter"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])
         step, log, elapsed, tokens = ck["step"], ck["log"], ck["elapsed"], ck["tokens"]
+        init, curve = ck.get("init"), ck.get("curve", [])
+    if init is None:  # the copied attention layer before any step
+        init = {k: v for k, v in evaluate(adapter, runner, head, val, val_rows).items() if k != "per_row"}
+    curve = curve or [curve_point(0, 0, init)]
+    fp = fingerprint(model)
     t0, last = time.time() - elapsed, time.time()
     bar = tqdm(range(step, cfg.steps), initial=step, total=cfg.steps, desc=f"adapter k={cfg.split}",
                disable=not progress)
+    final = None  # the held-out numbers (with per-row detail) when the last step's curve point measured them
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tcfg)
@@ -183,21 +262,41 @@ def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bo
         torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.grad_clip)
         opt.step()
         tokens += int(b["mask"].sum())
-        bar.set_postfix(ce=f"{loss.item():.3f}")
-        log.append({"step": step + 1, "ce": round(loss.item(), 4)})
-        if time.time() - last > cfg.ckpt_every_s or step + 1 == cfg.steps:
+        bar.set_postfix(ce=f"{loss.item():.3f}", tokens=f"{tokens / 1e6:.2f}M")
+        log.append({"step": step + 1, "ce": round(loss.item(), 4), "tokens": tokens})
+        passed = [m for m in cfg.milestones if tokens >= m and all(p["tokens"] < m for p in curve[1:])]
+        out_of_time = cfg.max_minutes is not None and time.time() - t0 > 60 * cfg.max_minutes
+        done = step + 1 == cfg.steps
+        if passed or done or out_of_time:  # a learning-curve point
+            ev = evaluate(adapter, runner, head, val, val_rows)
+            curve.append(curve_point(tokens, step + 1, ev))
+            if curve_dir is not None:
+                snapshot(adapter, fp, Path(curve_dir) / f"tokens_{tokens}.pt")
+            final = ev if done else None
+        if time.time() - last > cfg.ckpt_every_s or done or passed or out_of_time:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1, "log": log, "elapsed": time.time() - t0, "tokens": tokens},
+                        "step": step + 1, "log": log, "elapsed": time.time() - t0, "tokens": tokens,
+                        "init": init, "curve": curve, "cfg": asdict(cfg), "data": ids},
                        ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
             last = time.time()
+        if out_of_time and not done:
+            bar.close()
+            print(f"stopped after {cfg.max_minutes} min at step {step + 1} ({tokens} tokens seen); checkpoint "
+                  f"{ckpt}: run the same command again to resume")
+            adapter.eval()
+            return adapter, {"stopped": True, "split": cfg.split, "step": step + 1, "steps": cfg.steps,
+                             "tokens_seen": tokens, "init": init, "curve": curve, "final": curve[-1],
+                             "wall_time_s": round(time.time() - t0, 1), "checkpoint": str(ckpt)}
     wall = time.time() - t0
-    val = evaluate(adapter, runner, head, data, val_rows)
+    val_numbers = final or evaluate(adapter, runner, head, val, val_rows)
     card = {"split": cfg.split, "params": adapter.extra_params(), "steps": cfg.steps, "train_tokens_seen": tokens,
-            "train_rows": len(train_rows), "val_rows": len(val_rows), "vocab_n": len(head),
-            "init": init, "val": {k: v for k, v in val.items() if k != "per_row"}, "wall_time_s": round(wall, 1),
-            "config": asdict(cfg), "log": log[:: max(1, len(log) // 50)]}
+            "tokens_seen": tokens, "train_rows": len(train_rows), "val_rows": len(val_rows), "vocab_n": len(head),
+            "init": init, "val": {k: v for k, v in val_numbers.items() if k != "per_row"}, "curve": curve,
+            "val_data": {k: val.card.get(k) for k in ("split", "n_rows", "n_tokens")} if val is not data else None,
+            "wall_time_s": round(wall, 1), "config": asdict(cfg),
+            "log": log[:: max(1, len(log) // 50)]}
     adapter.eval()
-    adapter.val_rows = val["per_row"]  # for the sweep's simulation (not saved)
+    adapter.val_rows = val_numbers["per_row"]  # for the sweep's simulation (not saved)
     return adapter, card

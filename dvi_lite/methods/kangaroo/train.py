@@ -1,7 +1,10 @@
 """Train a Kangaroo adapter by distillation from the frozen model: `python -m dvi_lite kangaroo-train`.
 
-Two recipes. With `--teacher FILE` (what SmolLM2 uses, `train_from_teacher`, `prepare_smollm2`): from the
-teacher's stored outputs (models.teacher) through a trimmed head, see `distill.py`. Without (the course model's):
+Two recipes. With `--teacher FILE` or `--data FOLDER` (what SmolLM2 uses, `train_from_teacher`, `prepare_smollm2`):
+from the teacher's stored outputs through a trimmed head, see `distill.py`; FILE is the small teacher set
+(models.teacher), FOLDER a self-distillation set (models.distill_data: its train shards train, its val shards
+are held out for the learning curve; `--max-minutes` stops resumably, the same command resumes). Without (the
+course model's):
 windows of the corpus' train split; the frozen target gives the exit-layer states h_s and its
 own next-token distribution p at every position; the adapter is trained so that
 q = softmax(lm_head(adapter(h_s))) matches p, with loss KL(p || q) averaged over all positions
@@ -12,7 +15,9 @@ Only the adapter's parameters train; the LM head is shared and frozen.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -28,7 +33,7 @@ from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint
-from dvi_lite.models.loading import load_model
+from dvi_lite.models.loading import bf16_is_fast, load_model
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, teacher_for, teacher_path
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
 from dvi_lite.study.provenance import provenance
@@ -132,26 +137,74 @@ def teacher_card(data: TeacherData, path: str | Path | None) -> dict:
 
 
 def train_from_teacher(model, tok, data: TeacherData, cfg: TeacherFitConfig, out: Path, resume: bool = False,
-                       command: str = "", teacher_file: str | Path | None = None, ckpt: Path | None = None) -> dict:
+                       command: str = "", teacher_file: str | Path | None = None, ckpt: Path | None = None,
+                       val: TeacherData | None = None) -> dict:
     """Train the adapter for exit layer cfg.split from the teacher data (distill.fit_adapter), save it in half
-    precision at `out` with its card (data, steps, command, commit, device, wall time, val numbers)."""
-    adapter, card = fit_adapter(model, tok, data, cfg, resume, ckpt)
+    precision at `out` with its card (data, steps, command, commit, device, wall time, val numbers, learning
+    curve); the curve's snapshots go to out's folder/curve/<out's stem>/tokens_<n>.pt.
+
+    val: held-out data (a self-distillation set's val shards; None = rows of `data` held out). A run stopped
+    by cfg.max_minutes saves no adapter: its card says "stopped", and the same call with resume=True goes on.
+    """
+    out = Path(out)
+    adapter, card = fit_adapter(model, tok, data, cfg, resume, ckpt, val=val, curve_dir=curve_dir(out))
+    if card.get("stopped"):
+        return card
     card = {**card, "data": teacher_card(data, teacher_file), "command": command, "device": _device_words(model),
             "provenance": provenance(command)}
     card["commit"] = card["provenance"].get("commit")
-    save_adapter(adapter, model, Path(out), card)
+    save_adapter(adapter, model, out, card)
     print(json.dumps({"split": card["split"], "val": card["val"], "init_alpha": card["init"]["alpha"],
-                      "wall_time_s": card["wall_time_s"]}))
+                      "tokens_seen": card["tokens_seen"], "wall_time_s": card["wall_time_s"]}))
     return card
 
 
-def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
+def curve_dir(out: Path) -> Path:
+    """Where the learning curve's snapshots of the adapter file `out` go: <its folder>/curve/<its stem>/."""
+    return Path(out).parent / "curve" / Path(out).stem
+
+
+def load_set(folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData]:
+    """(train, held-out) of a self-distillation set (models/distill_data.py) with the states after exit layer
+    `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens."""
+    from dvi_lite.models.distill_data import load_as_teacher
+
+    train = load_as_teacher(folder, "train", layers=(split,), final=False)
+    val = load_as_teacher(folder, "val", layers=(split,), final=False, max_tokens=val_max_tokens)
+    return train, val
+
+
+def one_pass_steps(data: TeacherData, batch_rows: int) -> int:
+    """Steps that draw as many rows as the data holds (one pass on average): the set recipe's default."""
+    return max(1, math.ceil(data.tokens.shape[0] / batch_rows))
+
+
+def set_ckpt(model, split: int, folder: str | Path, out: Path) -> Path:
+    """The checkpoint of a run on a self-distillation set: one per model, exit layer, set and output file."""
+    tag = hashlib.sha1(f"{Path(folder).resolve()}|{Path(out).resolve()}".encode()).hexdigest()[:8]
+    return BUILD_DIR / "ckpt" / f"kangaroo_set_k{split}_{fingerprint(model)}_{tag}.pt"
+
+
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False,
+                    data: str | Path | None = None, max_minutes: float | None = None, steps: int | None = None,
+                    split: int | None = None) -> dict:
     """SmolLM2's Kangaroo adapter by the recipe: SMOLLM2_RECIPE at SMOLLM2_SPLIT from the model's teacher data
     (built first when missing), saved to out_dir/kangaroo/adapter_k<split>.pt (out_dir: the artifacts folder,
-    data/smollm2/). smoke: a tiny teacher (built under out_dir) and a few steps, for CI on the course model."""
+    data/smollm2/). smoke: a tiny teacher (built under out_dir) and a few steps, for CI on the course model.
+
+    data: a self-distillation set folder (models/distill_data.py): trains on its train shards (by default one
+    pass: `one_pass_steps`), holds its val shards out for the learning curve, resumes from its checkpoint.
+    max_minutes: the training-time budget (stop resumably); steps, split: override the recipe's.
+    """
     model, tok = load_model(model_path, dtype="float32")
     out_dir = Path(out_dir)
-    cfg = replace(SMOLLM2_RECIPE)
+    cfg = replace(SMOLLM2_RECIPE, bf16=SMOLLM2_RECIPE.bf16 and bf16_is_fast(next(model.parameters()).device),
+                  max_minutes=max_minutes)
+    if split is not None:
+        cfg = replace(cfg, split=split)
+    if steps is not None:
+        cfg = replace(cfg, steps=steps)
+    val = None
     if smoke:  # a tiny teacher over a few prompts, a map counted on them: seconds
         from dvi_lite.models.teacher import teacher_outputs
         from dvi_lite.models.vocab import build_vocab_map, head_vocab_size
@@ -166,32 +219,52 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
                                 path=out_dir / "vocab" / "smoke.pt", command=command)
         cfg = replace(cfg, steps=3, warmup=1, batch_rows=2, vocab=str(vocab), val_frac=0.34)
         ckpt = out_dir / "kangaroo" / "ckpt_smoke.pt"
+    elif data is not None:
+        tfile = Path(data)
+        data, val = load_set(tfile, cfg.split, cfg.val_max_tokens)
+        cfg = cfg if steps is not None else replace(cfg, steps=one_pass_steps(data, cfg.batch_rows))
+        ckpt = set_ckpt(model, cfg.split, tfile, adapter_path(cfg.split, out_dir / "kangaroo"))
     else:
         tfile = teacher_path(model)
         data = teacher_for(model, tok)
         ckpt = BUILD_DIR / "ckpt" / f"kangaroo_teacher_k{cfg.split}_{fingerprint(model)}.pt"
     out = adapter_path(cfg.split, out_dir / "kangaroo")
     card = train_from_teacher(model, tok, data, cfg, out, resume=not smoke, command=command,
-                              teacher_file=tfile, ckpt=ckpt)
-    return {"kangaroo adapter": str(out), "split": cfg.split, "val": card["val"]}
+                              teacher_file=tfile, ckpt=ckpt, val=val)
+    if card.get("stopped"):
+        return {"stopped": True, "split": cfg.split, "step": card["step"], "steps": card["steps"],
+                "tokens_seen": card["tokens_seen"], "checkpoint": card["checkpoint"]}
+    return {"kangaroo adapter": str(out), "split": cfg.split, "val": card["val"], "curve": card["curve"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("kangaroo-train"), description=__doc__.splitlines()[0])
     ap.add_argument("--split", type=int, default=None, help="exit layer (default: core.checks.default_split)")
-    ap.add_argument("--steps", type=int, default=AdapterConfig.steps)
-    ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
+    ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {AdapterConfig.steps}; "
+                    "with --data, one pass over the set's train shards)")
+    ap.add_argument("--model", default=None, help="local HF checkpoint or 'smollm2' (default: the course model)")
     ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the "
                     "course model, build/models/<fingerprint>/kangaroo/ for another)")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint (always so with --data or "
+                    "--max-minutes)")
     ap.add_argument("--teacher", default=None, help="teacher data file (models.teacher): train from it through a "
                     "trimmed head (the real-model recipe); 'auto' = the model's build/teacher/<fingerprint>/ file")
-    ap.add_argument("--vocab", default="8192", help="with --teacher: trimmed head size N or a saved map's path")
+    ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data): "
+                    "train on its train shards, hold its val shards out for the learning curve; resumes")
+    ap.add_argument("--max-minutes", type=float, default=None, help="with --teacher or --data: stop (resumable) "
+                    "after this much training in all")
+    ap.add_argument("--vocab", default="8192", help="with --teacher or --data: trimmed head size N or a saved "
+                    "map's path")
     args = ap.parse_args(argv)
-    require_positive(ap, args, "steps")
-    if args.teacher is not None:
+    if args.steps is not None:
+        require_positive(ap, args, "steps")
+    if args.teacher is not None and args.data is not None:
+        ap.error("--teacher and --data are two data sets: give one")
+    if args.teacher is not None or args.data is not None:
         return _teacher_main(ap, args, command_line("kangaroo-train", argv))
-    cfg = AdapterConfig(split=args.split, steps=args.steps)
+    if args.max_minutes is not None:
+        ap.error("--max-minutes needs --teacher or --data (the corpus recipe has no time budget)")
+    cfg = AdapterConfig(split=args.split, steps=AdapterConfig.steps if args.steps is None else args.steps)
     run_or_usage_error(ap, train_adapter, cfg, args.model, args.out, args.resume,
                        command_line("kangaroo-train", argv))
     return 0
@@ -202,12 +275,19 @@ def _teacher_main(ap: argparse.ArgumentParser, args: argparse.Namespace, command
         model, tok = load_model(args.model or "course", dtype="float32")
         split = default_split(model.config.num_hidden_layers) if args.split is None else args.split
         check_split(split, model.config.num_hidden_layers)
-        tfile = teacher_path(model) if args.teacher == "auto" else Path(args.teacher)
-        data = load_teacher(tfile)
         vocab = int(args.vocab) if args.vocab.isdigit() else args.vocab
-        cfg = TeacherFitConfig(split=split, steps=args.steps, vocab=vocab)
+        cfg = TeacherFitConfig(split=split, vocab=vocab, max_minutes=args.max_minutes,
+                               bf16=bf16_is_fast(next(model.parameters()).device))
         out = Path(args.out) if args.out else adapter_path(split, artifacts_dir(model) / "kangaroo")
-        return train_from_teacher(model, tok, data, cfg, out, args.resume, command, tfile)
+        if args.data is not None:
+            data, val = load_set(args.data, split, cfg.val_max_tokens)
+            cfg = replace(cfg, steps=args.steps or one_pass_steps(data, cfg.batch_rows))
+            return train_from_teacher(model, tok, data, cfg, out, True, command, args.data,
+                                      set_ckpt(model, split, args.data, out), val=val)
+        tfile = teacher_path(model) if args.teacher == "auto" else Path(args.teacher)
+        cfg = replace(cfg, steps=args.steps or AdapterConfig.steps)
+        resume = args.resume or args.max_minutes is not None  # a time budget's stop is resumed by the same command
+        return train_from_teacher(model, tok, load_teacher(tfile), cfg, out, resume, command, tfile)
 
     run_or_usage_error(ap, run)
     return 0

@@ -19,25 +19,36 @@ keeps the full head. Steps draw random (row, position) pairs from the training r
 Accuracy: on held-out rows (chosen by a seed), head i's rank-r token against the teacher's argmax at
 t+1+i: what greedy verification accepts at depth i when the path before it was right. The table is saved
 in the heads (MedusaHeads.accuracies) and is what sparse trees are built from.
+
+The learning curve: on a self-distillation set (`--data FOLDER`, models/distill_data.py) all of its train
+shards train and its val shards are held out. At every milestone of positions seen (`milestones`), at the end
+and when the time budget (`max_minutes`) stops a run, head 0's held-out top-1 agreement (and every head's) is
+measured on up to `eval_positions` positions, appended to the curve, and an fp16 snapshot of the heads
+(load_heads' format, with that point's rank accuracies) is written under out_dir/curve/: tau can be measured
+from each point later. A stopped run leaves its checkpoint; the same command resumes it to the same final
+weights as an uninterrupted run.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from dvi_lite.course_model.train import TrainConfig
+from dvi_lite.course_model.train import TrainConfig, lr_at
 from dvi_lite.methods.medusa.heads import MedusaHeads, save_heads
-from dvi_lite.methods.medusa.train import fit, head_weights
+from dvi_lite.methods.medusa.train import head_weights, load_checkpoint
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, soft_ce, teacher_outputs, teacher_path
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import BUILD_DIR
 
 PAPER_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)  # Medusa-1 (Cai et al. 2024, Vicuna-7B): heads' top-1 accuracy
 DEVICE = "cpu, 2 cores"
+MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
 
 @dataclass
@@ -53,8 +64,11 @@ class DistillConfig:
     vocab: int | None = 8192  # the loss's trimmed head size N (loss_vocab); None = every id the teacher names
     val_frac: float = 0.1  # held-out rows (accuracy; never trained on)
     branch: int = 8  # ranks measured per head (sparse trees read up to this many)
-    eval_positions: int = 4096  # held-out positions the accuracy is measured on (at most)
+    eval_positions: int = 4096  # held-out positions the accuracy is measured on (at most; also per curve point)
     ckpt_every_s: float = 60.0  # seconds between checkpoints
+    milestones: tuple[int, ...] = MILESTONES
+    # positions seen (steps x batch_size) at which the held-out accuracy is measured and a snapshot kept
+    max_minutes: float | None = None  # stop (checkpointed, resumable) once training has taken this long in all
     seed: int = 0  # row split, position order, evaluation sample
 
 
@@ -65,6 +79,10 @@ def check_distill(cfg: DistillConfig) -> DistillConfig:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if not 0.0 < cfg.val_frac < 1.0:
         raise ValueError(f"val_frac must lie in (0, 1), got {cfg.val_frac}")
+    if cfg.max_minutes is not None and not cfg.max_minutes >= 0.0:
+        raise ValueError(f"max_minutes must be >= 0 or None, got {cfg.max_minutes}")
+    if any(not isinstance(m, int) or m < 1 for m in cfg.milestones):
+        raise ValueError(f"milestones must be position counts >= 1, got {cfg.milestones}")
     return cfg
 
 
@@ -145,6 +163,38 @@ def distill(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHead, cfg: Di
 
     ckpt: checkpoint file (every cfg.ckpt_every_s and at the end); resume: continue from it (heads, optimiser,
     position order, log). stop_after: leave after this many steps of this call (run again with resume=True).
+    No learning curve: `distill_with_curve` is the same loop with one.
+    """
+    return distill_with_curve(heads, data, trimmed, cfg, rows, ckpt, resume, stop_after, progress)["log"]
+
+
+def curve_point(tokens: int, step: int, acc: dict) -> dict:
+    """One learning-curve point from `teacher_accuracy` (head 0's top-1 is the curve's `val_agreement`)."""
+    return {"tokens": tokens, "step": step, "val_agreement": round(acc["top1"][0], 4),
+            "top1": [round(a, 4) for a in acc["top1"]], "val_tokens": acc["n"][0]}
+
+
+def snapshot(heads: MedusaHeads, accuracies: list[list[float]], path: Path) -> None:
+    """The heads in fp16 in load_heads' format, with this point's rank accuracies (the sparse tree's input), so
+    tau can be measured from a learning-curve point later; written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float16) for k, v in heads.state_dict().items()}
+    torch.save({"num_heads": heads.num_heads, "norm": heads.use_norm, "shared_lm_head": heads.shared_lm_head,
+                "fingerprint": heads.model_fingerprint, "accuracies": accuracies, "state": state},
+               path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def distill_with_curve(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHead, cfg: DistillConfig,
+                       rows: torch.Tensor, ckpt: Path | None = None, resume: bool = False,
+                       stop_after: int | None = None, progress: bool = True, val: TeacherData | None = None,
+                       val_rows: torch.Tensor | None = None, curve_dir: Path | None = None) -> dict:
+    """`distill`'s loop (medusa/train.py's `fit`, checkpoint format included) with the learning curve and the
+    time budget. Returns {log, curve, tokens_seen, step, stopped}.
+
+    val_rows: held-out rows of `val` (default `data`) to measure the curve on; None = no curve. At 0 positions
+    seen, at every cfg.milestones passed, at the end and at a time stop (cfg.max_minutes) a point is added and,
+    with curve_dir, a snapshot written. The checkpoint keeps the curve and the positions seen.
     """
     check_distill(cfg)
     index_of = torch.full((trimmed.vocab_size,), -1, dtype=torch.long)
@@ -152,14 +202,69 @@ def distill(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHead, cfg: Di
     pos_n, pos_t = positions(data.mask, rows)
     if pos_n.numel() == 0:
         raise ValueError("the training rows have no position with a next token to learn from")
+    val = data if val is None else val
     tcfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
+    params = heads.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, log, elapsed = load_checkpoint(ckpt, heads, opt, gen, cfg, _SHAPE_KEYS) if resume else (0, [], 0.0)
+    seen, curve = 0, []
+    if step:
+        ck = torch.load(ckpt, weights_only=False, map_location="cpu")
+        seen, curve = ck.get("seen", step * cfg.batch_size), ck.get("curve", [])
 
-    def step_fn(gen: torch.Generator) -> list[float]:
+    def measure(tokens: int, at: int) -> dict:
+        acc = teacher_accuracy(heads, val, val_rows, cfg.branch, cfg.eval_positions, cfg.seed)
+        if curve_dir is not None and tokens > 0:
+            snapshot(heads, acc["rank_accuracy"], Path(curve_dir) / f"tokens_{tokens}.pt")
+        return curve_point(tokens, at, acc)
+
+    if val_rows is not None and not curve:
+        curve = [measure(0, 0)]  # the zero-initialised ResBlocks: the model's own head on h_t
+    at = step  # steps done
+    heads.train()
+    t0, last = time.time() - elapsed, time.time()
+    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+    bar = tqdm(range(step, end), initial=step, total=cfg.steps, desc=f"medusa {cfg.heads} heads (teacher)",
+               disable=not progress)
+    for step in bar:
+        lr = lr_at(step, tcfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
         pick = torch.randint(pos_n.numel(), (cfg.batch_size,), generator=gen)
-        return distill_step(heads, trimmed, index_of, data, pos_n[pick], pos_t[pick], cfg)
+        per_head = distill_step(heads, trimmed, index_of, data, pos_n[pick], pos_t[pick], cfg)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        seen, at = seen + cfg.batch_size, step + 1
+        loss = sum(w * v for w, v in zip(head_weights(cfg), per_head, strict=True) if v == v)
+        log.append({"step": step + 1, "loss": loss, "per_head": per_head, "lr": lr, "time_s": time.time() - t0})
+        bar.set_postfix(loss=f"{loss:.3f}", head0=f"{per_head[0]:.3f}", tokens=f"{seen / 1e6:.2f}M")
+        passed = [m for m in cfg.milestones if seen >= m and all(p["tokens"] < m for p in curve[1:])]
+        out_of_time = cfg.max_minutes is not None and time.time() - t0 > 60 * cfg.max_minutes
+        done = step + 1 == cfg.steps
+        if val_rows is not None and (passed or done or out_of_time):  # a learning-curve point
+            curve.append(measure(seen, step + 1))
+            heads.train()
+        if ckpt is not None and (time.time() - last > cfg.ckpt_every_s or step + 1 == end or passed or out_of_time):
+            _save_checkpoint(ckpt, heads, opt, gen, step + 1, log, time.time() - t0, cfg, seen, curve)
+            last = time.time()
+        if out_of_time and not done:
+            bar.close()
+            heads.eval()
+            return {"log": log, "curve": curve, "tokens_seen": seen, "step": at, "stopped": True}
+    heads.eval()
+    return {"log": log, "curve": curve, "tokens_seen": seen, "step": at, "stopped": False}
 
-    return fit(heads, cfg, tcfg, step_fn, ckpt, resume, stop_after, progress,
-               f"medusa {cfg.heads} heads (teacher)", _SHAPE_KEYS)
+
+def _save_checkpoint(ckpt: Path, heads: MedusaHeads, opt: torch.optim.Optimizer, gen: torch.Generator, step: int,
+                     log: list[dict], elapsed: float, cfg: DistillConfig, seen: int, curve: list[dict]) -> None:
+    """medusa/train.py's checkpoint (load_checkpoint reads it) plus the positions seen and the curve; atomic."""
+    Path(ckpt).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(ckpt).with_suffix(".tmp")
+    torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
+                "log": log, "elapsed": elapsed, "config": asdict(cfg), "seen": seen, "curve": curve}, tmp)
+    tmp.replace(ckpt)
 
 
 @torch.no_grad()
@@ -227,12 +332,19 @@ def _short_commit() -> str:
     return r.stdout.strip() or "unknown"
 
 
-def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False,
+                    data: str | Path | None = None, max_minutes: float | None = None,
+                    steps: int | None = None) -> dict:
     """The recipe: distil Medusa heads from the teacher data; save heads.pt (fp16) + heads.json in out_dir.
 
     Reads build/teacher/<fingerprint>/teacher.pt (`python -m dvi_lite teacher --model smollm2` builds it) and
     the model's trimmed-vocabulary map (models.vocab, top `vocab` tokens). Resumes from its checkpoint when
     run again. smoke: a tiny teacher built here, 2 heads, 3 steps (seconds, for CI). Returns the card.
+
+    data: a self-distillation set folder (models/distill_data.py) instead: its train shards train (by default
+    one pass over their positions), its val shards are held out. Either way the card has the learning curve
+    (snapshots in out_dir/curve/). max_minutes: the training-time budget; a run that reaches it saves no heads
+    and returns {"stopped": True, ...}: the same call resumes it. steps: override the recipe's.
     """
     from dvi_lite.models.loading import load_model
     from dvi_lite.study.provenance import provenance
@@ -241,42 +353,68 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     model, tok = load_model(model_path, dtype="float32")
     for p in model.parameters():
         p.requires_grad_(False)
+    val = None
     if smoke:
         cfg = DistillConfig(heads=2, steps=3, batch_size=32, warmup=1, vocab=None, val_frac=0.25, branch=4,
                             eval_positions=64, ckpt_every_s=1e9)
         tpath = "(smoke: built in memory)"
         data = smoke_teacher(model, tok)
         ckpt = out_dir / "distill_ckpt.pt"
+    elif data is not None:
+        from dvi_lite.models.distill_data import load_as_teacher
+
+        cfg = DistillConfig()
+        tpath = str(data)
+        val = load_as_teacher(data, "val", final=True, max_tokens=4 * cfg.eval_positions)
+        data = load_as_teacher(data, "train", final=True)
+        n_pos = int(positions(data.mask, torch.arange(data.tokens.shape[0]))[0].numel())
+        cfg = DistillConfig(steps=max(1, math.ceil(n_pos / cfg.batch_size)))  # one pass over the positions
+        tag = hashlib.sha1(f"{Path(tpath).resolve()}|{out_dir.resolve()}".encode()).hexdigest()[:8]
+        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_set_{tag}.pt"
     else:
         cfg = DistillConfig()
         tpath = teacher_path(model)
         data = load_teacher(tpath)
         tag = hashlib.sha1(str(out_dir.resolve()).encode()).hexdigest()[:8]
         ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_{tag}.pt"
+    cfg = DistillConfig(**{**asdict(cfg), "max_minutes": max_minutes, **({"steps": steps} if steps else {})})
     torch.manual_seed(cfg.seed)
-    train_rows, val_rows = split_rows(data.tokens.shape[0], cfg.val_frac, cfg.seed)
+    if val is None:
+        train_rows, val_rows = split_rows(data.tokens.shape[0], cfg.val_frac, cfg.seed)
+        val = data
+    else:  # every training row trains; the set's val shards are held out
+        train_rows, val_rows = torch.arange(data.tokens.shape[0]), torch.arange(val.tokens.shape[0])
     if cfg.vocab is None:  # smoke: the teacher's own ids
         trimmed = resolve_vocab(model, tok, torch.unique(data.top_ids).tolist())
     else:
         base = resolve_vocab(model, tok, cfg.vocab).ids.cpu()  # data/<model>/vocab/top<N>.pt (corpus counts)
         trimmed = resolve_vocab(model, tok, loss_vocab(data, train_rows, base, cfg.vocab))
     heads = MedusaHeads(model, cfg.heads, norm=True, shared_lm_head=True)
-    log = distill(heads, data, trimmed, cfg, train_rows, ckpt, resume=True, progress=not smoke)
+    run = distill_with_curve(heads, data, trimmed, cfg, train_rows, ckpt, resume=True, progress=not smoke, val=val,
+                             val_rows=val_rows, curve_dir=out_dir / "curve")
+    log = run["log"]
+    if run["stopped"]:
+        print(f"stopped after {cfg.max_minutes} min at step {run['step']} ({run['tokens_seen']} positions seen); "
+              f"checkpoint {ckpt}: run the same command again to resume")
+        return {"stopped": True, "step": run["step"], "steps": cfg.steps, "tokens_seen": run["tokens_seen"],
+                "curve": run["curve"], "checkpoint": str(ckpt)}
     t_eval = time.time()
-    answer_rows = len(data.card.get("questions", []))
-    acc = teacher_accuracy(heads, data, val_rows, cfg.branch, cfg.eval_positions, cfg.seed, answer_rows=answer_rows)
+    answer_rows = len(data.card.get("questions", [])) if val is data else 0
+    acc = teacher_accuracy(heads, val, val_rows, cfg.branch, cfg.eval_positions, cfg.seed, answer_rows=answer_rows)
     train_s = log[-1]["time_s"] if log else 0.0  # includes the time of resumed runs
     heads.accuracies = acc["rank_accuracy"]
+    held_out = {"heldout_rows": val_rows.tolist()} if val is data else {
+        "val_data": {k: val.card.get(k) for k in ("split", "n_rows", "n_tokens")}}
     card = {"method": "medusa", "num_heads": cfg.heads, "norm": True, "shared_lm_head": True,
             "trainable_params": sum(p.numel() for p in heads.trainable_parameters()), "dtype": "float16",
             "recipe": "self-distillation from the teacher's top-k (soft CE, 0.8^i head weights), trimmed-vocab loss",
-            "data": {"teacher": str(tpath), "teacher_card": data.card, "train_rows": len(train_rows),
-                     "heldout_rows": val_rows.tolist(), "train_positions": int(positions(data.mask, train_rows)[0]
-                                                                                .numel())},
-            "steps": cfg.steps, "positions_seen": cfg.steps * cfg.batch_size, "loss_vocab": len(trimmed),
+            "data": {"teacher": str(tpath), "teacher_card": data.card, "train_rows": len(train_rows), **held_out,
+                     "train_positions": int(positions(data.mask, train_rows)[0].numel())},
+            "steps": cfg.steps, "positions_seen": run["tokens_seen"], "tokens_seen": run["tokens_seen"],
+            "loss_vocab": len(trimmed),
             "loss_vocab_recipe": "teacher argmax ids on the training rows by frequency, then the corpus map top<N>",
             "final_loss_per_head": log[-1]["per_head"] if log else None,
-            "accuracy": acc, "top1_vs_paper": beside_paper(acc["top1"]),
+            "accuracy": acc, "top1_vs_paper": beside_paper(acc["top1"]), "curve": run["curve"],
             "wall_time_s": round(train_s + time.time() - t_eval, 1), "train_time_s": round(train_s, 1),
             "config": asdict(cfg), "device": DEVICE, "smoke": smoke, "command": command,
             "provenance": provenance(command, "cpu"), "log": log[:: max(1, len(log) // 40)]}
@@ -296,14 +434,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' (default), 'course' or a local HF checkpoint folder")
     ap.add_argument("--out", default=str(DATA_DIR / "smollm2" / "medusa"), help="folder for heads.pt + heads.json")
+    ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data): "
+                    "train on its train shards, hold its val shards out (default: the small teacher set)")
+    ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {DistillConfig.steps}; "
+                    "with --data, one pass over the set's training positions)")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable: run the same command again) "
+                    "after this much training in all")
     ap.add_argument("--smoke", action="store_true", help="a tiny teacher, 2 heads, 3 steps (seconds)")
     args = ap.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
     command = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
     try:
-        card = prepare_smollm2(args.model, Path(args.out), command, args.smoke)
+        card = prepare_smollm2(args.model, Path(args.out), command, args.smoke, args.data, args.max_minutes,
+                               args.steps)
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
-    print(json.dumps({k: card[k] for k in ("top1_vs_paper", "final_loss_per_head", "wall_time_s")}, indent=1))
+    keys = ("stopped", "step", "steps", "tokens_seen", "checkpoint") if card.get("stopped") else (
+        "top1_vs_paper", "final_loss_per_head", "tokens_seen", "wall_time_s")
+    print(json.dumps({k: card[k] for k in keys}, indent=1))
     return 0
 
 

@@ -1,0 +1,177 @@
+"""EAGLE (methods/eagle): the head's offsets, the features handed over by the verify forward, the dynamic tree,
+the options, and greedy fp32 equality with AR on tiny models and the course model (untrained heads: lossless
+whatever the head says)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_target
+
+import dvi_lite
+from dvi_lite.core.engine import start
+from dvi_lite.core.registry import get_method
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.eagle import drafter as eagle_drafter
+from dvi_lite.methods.eagle.drafter import EagleDrafter, make_drafter
+from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, default_layers, load_head, save_head
+
+
+@pytest.fixture(scope="module")
+def head(target) -> EagleHead:
+    return EagleHead(target).eval()
+
+
+def test_default_layers_are_eagle3s():
+    assert default_layers(30) == (2, 15, 27)  # SmolLM2
+    assert default_layers(12) == (2, 6, 9)  # the course model
+    assert default_layers(2) == (1, 1, 2)  # tiny models repeat one (the last layer's state is the final one)
+
+
+def test_runner_capture_keeps_the_states_and_changes_nothing(target):
+    r = Runner.for_model(target)
+    x = torch.tensor([[1, 5, 9, 2, 7]])
+    pos = torch.arange(5)[None]
+    plain = r.layers_forward(r.embed(x), None, pos)
+    caps = dict.fromkeys((0, 1, 3))
+    out = r.layers_forward(r.embed(x), None, pos, capture=caps)
+    assert torch.equal(out, plain) and torch.equal(caps[3], plain)
+    torch.testing.assert_close(caps[1], r.layers_forward(r.embed(x), None, pos, 0, 1), rtol=0, atol=0)
+    assert torch.equal(caps[0], r.embed(x))
+
+
+@torch.no_grad()
+def reference_root_logits(model, head: EagleHead, seq: list[int]) -> torch.Tensor:
+    """The head run once over a whole sequence with the features of one full target forward: row j = the draft
+    logits of input (F_j, x_{j+1}), which drafts x_{j+2} (what the drafter's root computes at c = j + 1)."""
+    r = Runner.for_model(model)
+    caps = dict.fromkeys(set(head.layers))
+    x = torch.tensor([seq[:-1]])
+    r.layers_forward(r.embed(x), None, torch.arange(x.shape[1])[None], capture=caps)
+    feats = head.fuse([caps[k] for k in head.layers])  # (1, n-1, D)
+    _, logits = head.step(feats, torch.tensor([seq[1:]]), torch.arange(x.shape[1])[None])
+    return logits[0]
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_features_from_verification_equal_a_full_forward(target, tok, head, tree, monkeypatch):
+    """At every step the head's root (its cache of committed inputs + the fed features) gives the logits that a
+    fresh run over the whole sequence gives: the verify forward hands over the right features for the kept
+    positions (chain prefix or tree path), and the head's cache is rolled back to the committed inputs."""
+    seen: list[tuple[int, torch.Tensor]] = []
+    feed = EagleDrafter._feed
+
+    def spy(self):
+        g, logits = feed(self)
+        seen.append((self.base, logits.clone()))
+        return g, logits
+
+    monkeypatch.setattr(EagleDrafter, "_feed", spy)
+    prompt = [3, 17, 4, 22, 9]
+    out = dvi_lite.generate(target, tok, prompt, method="eagle", max_new_tokens=24, head=head, tree=tree, k=3,
+                            stop_at_eos=False)
+    assert any(s.accepted for s in out.stats.steps) and any(s.accepted < s.depth for s in out.stats.steps)
+    ref = reference_root_logits(target, head, prompt + out.token_ids)
+    assert len(seen) >= 5
+    for c, logits in seen:
+        torch.testing.assert_close(logits, ref[c - 1], atol=1e-4, rtol=1e-4, msg=lambda m, c=c: f"c={c}: {m}")
+
+
+@pytest.mark.parametrize("tree, opts", [("chain", {"k": 4}), ("dynamic", {"k": 4}),
+                                        ("dynamic", {"k": 3, "branch": 2, "max_nodes": 5})])
+def test_greedy_equals_ar_on_tiny_models(target, tok, prompts, head, tree, opts):
+    accepted = 0
+    for p in prompts[:6]:
+        ref = dvi_lite.generate(target, tok, p, method="ar", max_new_tokens=20, stop_at_eos=False).token_ids
+        out = dvi_lite.generate(target, tok, p, method="eagle", max_new_tokens=20, stop_at_eos=False, head=head,
+                                tree=tree, **opts)
+        assert out.token_ids == ref, (tree, opts, p)
+        accepted += sum(s.accepted for s in out.stats.steps)
+    assert accepted > 0
+
+
+def test_greedy_equals_ar_with_a_trimmed_draft_vocabulary(target, tok, prompts):
+    head = EagleHead(target, vocab_ids=torch.arange(0, 64, 2)).eval()  # even ids only: q = 0 off the map
+    assert head.lm_head.weight.shape[0] == 32
+    for p in prompts[:4]:
+        ref = dvi_lite.generate(target, tok, p, method="ar", max_new_tokens=16, stop_at_eos=False).token_ids
+        for tree in ("chain", "dynamic"):
+            out = dvi_lite.generate(target, tok, p, method="eagle", max_new_tokens=16, stop_at_eos=False, head=head,
+                                    tree=tree)
+            assert out.token_ids == ref
+    for tree in ("chain", "dynamic"):  # every draft is on the map
+        d = make_drafter(target, None, head=head, tree=tree)
+        prop = d.propose(start(d.runner, d, prompts[0], 16, Sampler(), make_generator(0)))
+        assert len(prop) and all(t % 2 == 0 for t in prop.tokens.tolist())
+
+
+@pytest.fixture(scope="module")
+def course():
+    return dvi_lite.load_model("course", dtype="float32")
+
+
+@pytest.mark.slow
+def test_greedy_equals_ar_on_the_course_model(course):
+    model, tok = course
+    head = EagleHead(model, HeadConfig(vocab=None)).eval()  # initialised from the target: lossless anyway
+    assert head.layers == (2, 6, 9)
+    for prompt in ("def fibonacci(n):",):
+        ref = dvi_lite.generate(model, tok, prompt, method="ar", max_new_tokens=24).token_ids
+        for tree in ("chain", "dynamic"):
+            out = dvi_lite.generate(model, tok, prompt, method="eagle", max_new_tokens=24, head=head, tree=tree)
+            assert out.token_ids == ref, (prompt, tree)
+            assert sum(s.drafted for s in out.stats.steps) > 0
+
+
+def test_dynamic_tree_is_a_reranked_tree(target, head):
+    """The proposal is a valid tree (parents first) of at most max_nodes nodes, at most k deep, and it holds the
+    best candidates by cumulative draft log-probability (EAGLE-2's rerank): every node's path score is at least
+    that of any candidate left out."""
+    d = make_drafter(target, None, head=head, k=3, tree="dynamic", branch=3, max_nodes=7)
+    state = start(d.runner, d, [3, 17, 4, 22], 20, Sampler(), make_generator(0))
+    prop = d.propose(state)
+    n = len(prop)
+    assert n == 7 and prop.q is None
+    par = prop.parents.tolist()
+    assert all(-1 <= p < i for i, p in enumerate(par))
+    depth = [0] * n
+    for i, p in enumerate(par):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    assert max(depth) <= 2 and max(depth) >= 1
+    for i, p in enumerate(par):  # siblings are distinct tokens
+        assert sum(1 for j, q in enumerate(par) if q == p and prop.tokens[j] == prop.tokens[i]) == 1
+
+
+def test_options_are_checked_and_named(target, head):
+    m = get_method("eagle")
+    assert m.resolve() == {"head": None, "k": 5, "tree": "dynamic", "branch": None, "max_nodes": None}
+    with pytest.raises(ValueError, match=r"eagle option 'tree' must be one of \['chain', 'dynamic'\]"):
+        m.resolve(tree="beam")
+    with pytest.raises(ValueError, match=r"eagle option 'max_nodes' .* must be an int >= 1"):
+        m.resolve(max_nodes=0)
+    with pytest.raises(ValueError, match=r"branch and max_nodes apply to tree='dynamic' only"):
+        make_drafter(target, None, head=head, tree="chain", branch=2)
+    with pytest.raises(ValueError, match=r"built for another model"):
+        make_drafter(make_target(seed=5), None, head=head)
+    with pytest.raises(ValueError, match=r"layers must be 3 layer counts in \[1, 3\]"):
+        EagleHead(target, HeadConfig(layers=(1, 2)))
+    with pytest.raises(ValueError, match=r"layers must be 3 layer counts in \[1, 3\]"):
+        EagleHead(target, HeadConfig(layers=(1, 2, 4)))
+    with pytest.raises(ValueError, match="head must be an EagleHead"):
+        EagleDrafter(Runner.for_model(target), object())  # type: ignore[arg-type]
+    assert eagle_drafter.TREES == ("chain", "dynamic")
+
+
+def test_save_and_load_round_trip(target, head, tmp_path, tok, prompts):
+    path = save_head(head, tmp_path / "head.pt")
+    back = load_head(target, path)
+    assert back.layers == head.layers and torch.equal(back.ids, head.ids)
+    for k, v in head.state_dict().items():  # stored in half precision
+        torch.testing.assert_close(back.state_dict()[k], v.half().to(v.dtype) if v.is_floating_point() else v)
+    ref = dvi_lite.generate(target, tok, prompts[0], method="ar", max_new_tokens=12, stop_at_eos=False).token_ids
+    out = dvi_lite.generate(target, tok, prompts[0], method="eagle", max_new_tokens=12, stop_at_eos=False, head=path)
+    assert out.token_ids == ref
+    with pytest.raises(ValueError, match="trained for the model"):
+        load_head(make_target(seed=5), path)
+    with pytest.raises(FileNotFoundError, match="eagle-train"):
+        load_head(target, tmp_path / "absent.pt")

@@ -1,0 +1,68 @@
+"""Drafters under top-k and top-p together, with a temperature other than 1 (issue 30, item 3).
+
+tests/test_lossless.py gives each method one sampler; before this file top-p never reached kangaroo, dvi or
+draft_verify (whose own `propose` was tested at T = 1 only), and top-k never reached sps, early_exit, kangaroo or
+dvi. Each of those drafters is tested here under BOTH (T = 1.3, top-k, then top-p), so with test_lossless.py every
+one of them is tested under plain temperature, top-k and top-p. A drafter that samples its draft from one law and
+reports another as q (a filter applied to one and not the other, a filter before the temperature instead of after)
+changes the output law, and the check catches it. pld is not here: its drafts are point masses (no q to filter)
+and, under these samplers on the random model, lossless_report finds no 3-deep proposal and no testable t5 cell.
+
+The check is the shared one (helpers.assert_lossless_sampling, on the vocabulary-8 target whose law is enumerated
+exactly): helpers.lossless_draws() draws per case (its power calculation), t2 | t1, t3 | t1, t2 and t4 | t1..t3
+tested (drafts K = 3 deep, 5 new tokens), and a step that accepted 3 drafts in a row (pld: a 3-deep proposal).
+The pieces are those of test_lossless.py: a Kangaroo adapter initialised from layer 1, and a DVI policy trained
+for 4 fast steps on the model itself.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+from helpers import PROMPT8, assert_lossless_sampling
+
+from dvi_lite.core.runner import Skip
+from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.learner import OnlineTrainer
+from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+
+NEW, K = 5, 3
+# T > 1 flattens, top-k keeps 4 of 8 tokens, top-p then keeps the smallest set holding 0.9 of their mass: on the
+# vocabulary-8 target top-p binds after most contexts (1 to 3 tokens kept) and top-k after the others (4 kept)
+BOTH = dict(temperature=1.3, top_k=4, top_p=0.9)
+
+# case -> (method, options, the chain check: ("run", 3) = a step accepted 3 drafts in a row)
+CASES = {
+    "sps": ("sps", {"draft_model": "draft8", "k": K}, ("run", 3)),
+    "early_exit": ("early_exit", {"split": 1, "k": K}, ("run", 3)),
+    "kangaroo_chain": ("kangaroo", {"adapter": "adapter", "k": K, "threshold": None}, ("run", 3)),
+    "draft_verify": ("draft_verify", {"skip": Skip(mlp=frozenset({1})), "k": K, "threshold": None,
+                                      "adaptive": False}, ("run", 3)),
+    "dvi": ("dvi", {"state": "policy", "k": K, "threshold": None}, ("run", 3)),
+}
+
+
+@pytest.fixture(scope="module")
+def dvi_model(target8):
+    """A copy of target8 with a DVI policy trained for 4 fast steps on it (test_lossless.py's recipe)."""
+    model = copy.deepcopy(target8)
+    prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
+    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
+    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=K, temperature=1.0, progress=False)
+    tr.train(4)
+    assert tr.fast_step == 4
+    return model, tr.policy
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_drafter_is_lossless_under_top_k_and_top_p(case, target8, draft8, tok8, request):
+    method, opts, chain = CASES[case]
+    model, pieces = target8, {"draft8": draft8}
+    if method == "kangaroo":
+        pieces["adapter"] = KangarooAdapter(target8, 1).eval()
+    if method == "dvi":
+        model, pieces["policy"] = request.getfixturevalue("dvi_model")
+    kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
+    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, prompt=PROMPT8, min_run=chain[1],
+                                   **BOTH, **kw)
+    print(rep)
