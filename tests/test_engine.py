@@ -6,7 +6,7 @@ import collections
 
 import pytest
 import torch
-from helpers import StubTokenizer, assert_lossless_sampling, tiny_cfg
+from helpers import StubTokenizer, assert_cache_equals_fresh, assert_lossless_sampling, tiny_cfg
 
 from dvi_lite import generate
 from dvi_lite.core.engine import Drafter, Proposal, Stats, StepStats, start, step
@@ -118,16 +118,8 @@ def test_single_new_token_needs_no_decode_step(target, draft, tok, prompts, ar_o
 # ---------------------------------------------------------------- cache invariants
 
 def _assert_cache_equals_fresh(model, cache, tokens: list[int]):
-    r = Runner(model)
-    fresh = r.new_cache(len(tokens) + 1)
-    with torch.no_grad():
-        r.forward(torch.tensor([tokens]), fresh)
-    for i in range(r.n_layers):
-        k, v = cache.layer(i)
-        fk, fv = fresh.layer(i)
-        assert k.shape == fk.shape, (i, k.shape, fk.shape)
-        torch.testing.assert_close(k, fk, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(v, fv, atol=1e-5, rtol=1e-5)
+    """Strict: every layer holds exactly len(tokens) positions (the engine's crop), equal to a fresh prefill."""
+    assert_cache_equals_fresh(model, cache, tokens, strict=True, where="engine")
 
 
 @pytest.mark.parametrize("sampler", [Sampler(), Sampler(temperature=1.0)], ids=["greedy", "T1"])

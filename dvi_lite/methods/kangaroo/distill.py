@@ -87,8 +87,9 @@ def _recipe(cfg: dict) -> dict:
 
 
 def _data_id(data: TeacherData) -> dict:
-    """Enough of the data's identity to refuse resuming on another set (e.g. one that has grown since)."""
-    return {"n_rows": int(data.tokens.shape[0]), "n_tokens": data.n_tokens, "source": data.card.get("source")}
+    """Enough of the data's identity to refuse resuming on another set (e.g. one that has grown since); the
+    checkpoint's name already tells sets apart, and a path may be typed relative or absolute."""
+    return {"n_rows": int(data.tokens.shape[0]), "n_tokens": data.n_tokens}
 
 
 def rows_capped(data: TeacherData, rows: torch.Tensor, max_tokens: int) -> torch.Tensor:
