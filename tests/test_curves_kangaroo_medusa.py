@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dvi_lite.models import distill_data as dd
+from dvi_lite.models import distill_reader as rd
 
 MILESTONES = (16, 32)
 
@@ -55,8 +56,8 @@ def test_kangaroo_learning_curve_and_a_time_stop_resumes_exactly(built, tmp_path
     from dvi_lite.methods.kangaroo.train import curve_dir, train_from_teacher
 
     model, tok, folder = built
-    train = dd.load_as_teacher(folder, "train", layers=(2,), width=8, final=False)
-    val = dd.load_as_teacher(folder, "val", layers=(2,), width=8, final=False)
+    train = rd.load_as_teacher(folder, "train", layers=(2,), width=8, final=False)
+    val = rd.load_as_teacher(folder, "val", layers=(2,), width=8, final=False)
     vocab = torch.unique(torch.cat([train.top_ids.flatten(), val.top_ids.flatten()])).tolist()
     cfg = TeacherFitConfig(split=2, steps=6, batch_rows=2, warmup=1, vocab=vocab, bf16=False, milestones=MILESTONES,
                            val_max_tokens=64, ckpt_every_s=1e9)
@@ -112,8 +113,8 @@ def test_medusa_learning_curve_and_a_time_stop_resumes_exactly(built, tmp_path):
     from dvi_lite.models.vocab import resolve_vocab
 
     model, tok, folder = built
-    train = dd.load_as_teacher(folder, "train", width=8, final=True)
-    val = dd.load_as_teacher(folder, "val", width=8, final=True)
+    train = rd.load_as_teacher(folder, "train", width=8, final=True)
+    val = rd.load_as_teacher(folder, "val", width=8, final=True)
     trimmed = resolve_vocab(model, tok, torch.unique(train.top_ids).tolist())
     cfg = DistillConfig(heads=2, steps=6, batch_size=8, warmup=1, vocab=None, branch=3, eval_positions=64,
                         milestones=MILESTONES, ckpt_every_s=1e9)
@@ -149,7 +150,7 @@ def test_medusa_learning_curve_and_a_time_stop_resumes_exactly(built, tmp_path):
 
 def test_medusa_prepare_on_the_set(built, tmp_path, monkeypatch):
     """prepare_smollm2(data=FOLDER) on the course model at toy sizes: the card's curve, a time stop, resume."""
-    from dvi_lite.methods.medusa import teacher_train as tt
+    from dvi_lite.methods.medusa import teacher_recipe as tt
 
     @dataclass
     class Small(tt.DistillConfig):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dvi_lite.models import distill_data as dd
+from dvi_lite.models import distill_reader as rd
 from dvi_lite.models import prompt_pool as pool
 from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
 
@@ -72,28 +73,28 @@ def test_resume_redoes_nothing_and_rebuilds_a_half_written_shard(built):
     (folder / f"{last}.json").unlink()
     dd.build(model, tok, tiny(card["answer_tokens"]), folder)
     assert (folder / f"{last}.safetensors").read_bytes() == before
-    texts = [pool.normalise(r["text"]) for m in dd.done_shards(folder) for r in m["rows"]]
+    texts = [pool.normalise(r["text"]) for m in rd.done_shards(folder) for r in m["rows"]]
     assert len(texts) == len(set(texts))  # no duplicate prompt across shards
 
 
 def test_load_as_teacher(built):
     _, _, folder, _ = built
-    whole = dd.load_as_teacher(folder, "train", layers=(2,), width=None)
+    whole = rd.load_as_teacher(folder, "train", layers=(2,), width=None)
     assert whole.tokens.shape == whole.mask.shape and whole.states[2].shape[:2] == whole.tokens.shape
     assert whole.n_tokens == whole.card["n_tokens"] == whole.card["set"]["positions"] + whole.card["set"][
-        "corpus_positions"] - sum(m["positions"] for m in dd.done_shards(folder) if m["split"] == "val")
-    cut = dd.load_as_teacher(folder, "train", layers=(2,), width=8, final=False)
+        "corpus_positions"] - sum(m["positions"] for m in rd.done_shards(folder) if m["split"] == "val")
+    cut = rd.load_as_teacher(folder, "train", layers=(2,), width=8, final=False)
     assert cut.tokens.shape[1] <= 8 and cut.final.numel() == 0
     # windows keep every position of every sequence (a window of 1 position has no target pair: dropped)
     assert whole.n_tokens - cut.n_tokens <= len(whole.tokens)
     real = whole.tokens[whole.mask]
     assert torch.equal(cut.tokens[cut.mask][:8], real[:8])
     with pytest.raises(ValueError, match="layers"):
-        dd.load_as_teacher(folder, "train", layers=(3,))
+        rd.load_as_teacher(folder, "train", layers=(3,))
     with pytest.raises(ValueError, match="split"):
-        dd.load_as_teacher(folder, "test")
+        rd.load_as_teacher(folder, "test")
     with pytest.raises(FileNotFoundError, match="distill-data"):
-        dd.load_as_teacher(folder / "nowhere")
+        rd.load_as_teacher(folder / "nowhere")
 
 
 def test_bad_config_names_the_parameter():
@@ -127,8 +128,8 @@ def test_sps_learning_curve_from_the_set(built, tmp_path):
     from dvi_lite.methods.sps.train import TrainConfig, distil
 
     model, _, folder, _ = built
-    train = dd.load_as_teacher(folder, "train", width=8, final=False)
-    val = dd.load_as_teacher(folder, "val", width=8, final=False)
+    train = rd.load_as_teacher(folder, "train", width=8, final=False)
+    val = rd.load_as_teacher(folder, "val", width=8, final=False)
     cfg = TrainConfig(steps=6, batch_rows=2, warmup=1, autocast=False, milestones=(16, 32), val_max_tokens=64)
     card = distil(model, train, cfg, tmp_path / "a", resume=False, ckpt=tmp_path / "a.pt", val=val)
     tokens = [p["tokens"] for p in card["curve"]]
@@ -136,7 +137,7 @@ def test_sps_learning_curve_from_the_set(built, tmp_path):
     assert any(t >= 16 for t in tokens) and len(list((tmp_path / "a" / "curve").glob("tokens_*.pt"))) == len(tokens) - 1
     assert all(0.0 <= p["val_agreement"] <= 1.0 for p in card["curve"])
     with pytest.raises(ValueError, match="split"):
-        dd.load_as_teacher(folder, "holdout")
+        rd.load_as_teacher(folder, "holdout")
     stopped = distil(model, train, replace(cfg, max_minutes=0.0), tmp_path / "b", ckpt=tmp_path / "b.pt", val=val)
     assert stopped["stopped"] and stopped["step"] == 1
     resumed = distil(model, train, replace(cfg, max_minutes=0.0), tmp_path / "b", ckpt=tmp_path / "b.pt", val=val)

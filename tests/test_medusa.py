@@ -496,7 +496,7 @@ def test_distillation_learns_resumes_exactly_and_measures_ranks(deep_model, tmp_
 
 
 def test_prepare_smoke_on_the_course_model(tmp_path):
-    from dvi_lite.methods.medusa.teacher_train import PAPER_TOP1, prepare_smollm2
+    from dvi_lite.methods.medusa.teacher_recipe import PAPER_TOP1, prepare_smollm2
     from dvi_lite.models.loading import load_model
 
     card = prepare_smollm2("course", tmp_path, "python -m dvi_lite prepare --smoke", smoke=True)

@@ -51,7 +51,7 @@ SMOLLM2_RECIPES = (
     ("dvi head", "dvi_lite.methods.dvi.serve:prepare_smollm2", ".", "dvi/policy.pt"),
     ("draft_verify skip set", "dvi_lite.methods.draft_verify.search:prepare_smollm2", "draft_verify",
      "draft_verify/skip.json"),
-    ("medusa heads", "dvi_lite.methods.medusa.teacher_train:prepare_smollm2", "medusa", "medusa/heads.pt"),
+    ("medusa heads", "dvi_lite.methods.medusa.teacher_recipe:prepare_smollm2", "medusa", "medusa/heads.pt"),
     ("sps draft", "dvi_lite.methods.sps.train:prepare_smollm2", "sps", "sps/draft.pt"),
 )
 VOCAB_N = 8192  # the trimmed draft head every SmolLM2 recipe trains through

@@ -15,7 +15,10 @@ serves. Optional slow updates keep a LoRA on the verifier tracking the stream.
     cli.py         `python -m dvi_lite dvi`: train on corpus prompts or the Spec-Bench dev question stream
     serve.py       learning while serving on a real model: the question stream, the ablation arms,
                    prepare_smollm2 (the committed SmolLM2 head's recipe)
-    ablation.py    `python -m dvi_lite.methods.dvi.ablation`: DVI vs KL-only vs pure RL on one stream
+    ablation.py    `python -m dvi_lite.methods.dvi.ablation`: DVI vs KL-only vs pure RL on one stream;
+                   paper_ablation: the same arms as the paper trains them, over seeds, with 95% intervals
+    paper.py       DVI as the paper trains it: trained draft LM head, KL warm-start on the self-distillation
+                   set (lambda_t phase), online reward phase, learning curve, max_minutes + resume
     widget.py      the lambda_t lab of notebook 05 (ipywidgets + plotly, imported lazily)
     figure.py      the widget's live figure (plotly, imported lazily)
 

@@ -8,17 +8,28 @@ length, same seed, same starting head), reporting the acceptance / tau curve ove
 final head's greedy tau / alpha on held-out bench questions. --save-head commits the "dvi" arm's head
 (bf16, with a card): the default run is the ablation's DVI arm. Checkpoints per arm in --ckpt-dir, --resume
 continues a killed run.
+
+paper_ablation (the issue's "DVI as the paper trains it"): the same three arms with the trained head, each a KL
+warm-start on the self-distillation set then the online reward phase (paper.train_paper), for several seeds at an
+equal number of tokens, ranked with 95% intervals; `python -m dvi_lite dvi --data FOLDER --ablation` runs it.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dvi_lite.cli import run_or_usage_error
+from dvi_lite.methods.dvi import paper
+from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.serve import ARMS, RECIPE, arm_config, frozen_model, heldout_before, online_run, save_head
+from dvi_lite.models.teacher import TeacherData
 from dvi_lite.paths import ROOT
 
 PROG = "python -m dvi_lite.methods.dvi.ablation"
@@ -126,6 +137,85 @@ def run(args: argparse.Namespace, command: str) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
     return res
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # t_{0.975, df}
+
+
+def ci95(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample sd and a 95% t-interval over seeds (None for a single value)."""
+    x = [float(v) for v in values]
+    n = len(x)
+    m = sum(x) / n
+    if n < 2:
+        return {"n": n, "mean": m, "sd": None, "ci95": None}
+    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
+    h = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return {"n": n, "mean": m, "sd": sd, "ci95": [m - h, m + h]}
+
+
+def paper_ablation(model, tok, train: TeacherData, val: TeacherData, base: DVIConfig = paper.PAPER,
+                   recipe: paper.PaperRecipe | None = None, arms: Sequence[str] = ("dvi", "kl", "rl"),
+                   seeds: Sequence[int] = (0, 1, 2), out_dir: str | Path = "build/dvi_paper_ablation",
+                   command: str = "", metric: str = "agree") -> dict[str, Any]:
+    """DVI vs KL-only vs pure RL (serve.ARMS on `base`), each for every seed, at an equal number of tokens.
+
+    Every arm of one seed sees the same warm-start positions in the same order, the same stream of questions and
+    starts from the same head; only the objective differs. Per arm: the final held-out agreement and KL (val
+    split), bench tau / alpha when recipe.eval_questions; mean / sd / 95% t-interval over seeds; paired
+    differences to "dvi" (same seed); arms ranked by the mean of `metric` ("agree": higher is better, "kl":
+    lower), with "separated" saying whether the ranking's neighbours' intervals are disjoint.
+    Returns a JSON-ready dict with provenance (results/...json).
+    """
+    from dvi_lite.methods.dvi.serve import arm_config
+    from dvi_lite.study.provenance import provenance
+
+    recipe = (recipe or paper.PaperRecipe()).check()
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct ints, got {list(seeds)!r}")
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        raise ValueError(f"arms must be among {list(ARMS)}, got {list(arms)!r}")
+    if metric not in ("agree", "kl"):
+        raise ValueError(f"metric must be 'agree' or 'kl', got {metric!r}")
+    out_dir = Path(out_dir)
+    runs: dict[str, dict[int, dict]] = {a: {} for a in arms}
+    for seed in seeds:
+        for arm in arms:
+            cfg = arm_config(arm, base=base, seed=seed)
+            d = out_dir / arm / f"seed_{seed}"
+            card = paper.train_paper(model, tok, train, val, cfg, dataclasses.replace(recipe, max_minutes=None), d,
+                               resume=True, command=command)
+            runs[arm][seed] = {"final": card["final"], "heldout_bench": card["heldout_bench"],
+                               "warm_positions": card["warm_positions"], "experiences": card["experiences"],
+                               "tokens_generated": card["tokens_generated"], "fast_steps": card["fast_steps"],
+                               "curve": card["curve"]}
+    keys = ["agree", "kl"] + (["tau", "alpha"] if recipe.eval_questions else [])
+
+    def val_of(r: dict, key: str) -> float | None:
+        return r["final"][key] if key in ("agree", "kl") else (r["heldout_bench"] or {}).get(key)
+
+    summary = {a: {key: ci95([val_of(runs[a][s], key) for s in seeds]) for key in keys
+                   if all(val_of(runs[a][s], key) is not None for s in seeds)} for a in arms}
+    paired = {a: {key: ci95([val_of(runs[a][s], key) - val_of(runs["dvi"][s], key) for s in seeds])
+                  for key in summary[a] if key in summary["dvi"]} for a in arms if a != "dvi" and "dvi" in arms}
+    sign = -1.0 if metric == "agree" else 1.0
+    ranking = sorted(arms, key=lambda a: sign * summary[a][metric]["mean"])
+
+    def disjoint(a: str, b: str) -> bool | None:
+        ia, ib = summary[a][metric]["ci95"], summary[b][metric]["ci95"]
+        return None if ia is None or ib is None else (ia[1] < ib[0] or ib[1] < ia[0])
+
+    prov = provenance(command or None, device=next(model.parameters()).device)
+    return {"what": "DVI ablation as the paper trains it: KL warm-start on the self-distillation set then the online "
+                    "reward phase; arms differ only in the objective; equal tokens per arm and seed",
+            "arms_changes": {a: ARMS[a] for a in arms}, "base_config": base.to_dict(), "recipe": recipe.recipe(),
+            "seeds": list(seeds), "metric": metric, "runs": {a: {str(s): r for s, r in rs.items()}
+                                                             for a, rs in runs.items()},
+            "summary": summary, "paired_vs_dvi": paired, "ranking": ranking,
+            "separated": [disjoint(a, b) for a, b in zip(ranking[:-1], ranking[1:], strict=True)],
+            "data": {"warm": train.card.get("source"), "val": val.card.get("source")},
+            "provenance": prov}
 
 
 def main(argv: list[str] | None = None) -> int:

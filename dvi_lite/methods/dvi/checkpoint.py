@@ -41,6 +41,10 @@ def _logged_step(line: str) -> float:
         return float("inf")
 
 
+# the config fields added with the trained head (DVIConfig.head), as every earlier checkpoint ran
+PRE_HEAD_OPTION = {"head": "shared", "head_lr_mult": 0.1}
+
+
 class Checkpointing:
     """The checkpoint methods of OnlineTrainer (a mixin: they read and restore the trainer's own fields)."""
 
@@ -63,8 +67,9 @@ class Checkpointing:
     def load_state_dict(self, st: dict[str, Any]) -> None:
         if st["fingerprint"] != fingerprint(self.model):
             raise ValueError("DVI checkpoint was trained for another model (fingerprint mismatch)")
-        if st["config"] != self.cfg.to_dict():
-            diff = {k: (v, st["config"].get(k)) for k, v in self.cfg.to_dict().items() if st["config"].get(k) != v}
+        saved = {**PRE_HEAD_OPTION, **st["config"]}  # a checkpoint from before the head option: a shared head
+        if saved != self.cfg.to_dict():
+            diff = {k: (v, saved.get(k)) for k, v in self.cfg.to_dict().items() if saved.get(k) != v}
             raise ValueError(f"DVI checkpoint config differs from this trainer's (now, saved): {diff}")
         if st.get("vocab") != self._vocab_n():
             raise ValueError(f"DVI checkpoint was trained with vocab={st.get('vocab')} (trimmed head size; None = "
@@ -120,7 +125,8 @@ class Checkpointing:
         return None if vocab is None else len(vocab)
 
     def save_policy(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-        """policy.pt in a dir: what method="dvi" loads (split, model fingerprint, lora_S + head, lora_D).
+        """policy.pt in a dir: what method="dvi" loads (split, model fingerprint, lora_S + head, lora_D; a trained
+        head's rows and their token ids, "head_ids").
 
         dtype: store the head's tensors in it (e.g. torch.bfloat16 for a committed file; None = as trained,
         float32); loading copies them into the policy's float32 parameters. "vocab" records the trimmed head
@@ -132,9 +138,11 @@ class Checkpointing:
         if dtype is not None:
             pol = {k: ({n: t.to(dtype) for n, t in v.items()} if isinstance(v, dict) else v.to(dtype))
                    for k, v in pol.items()}
+        ids = self.policy.head_ids
         bundle = {"version": 1, "split": self.cfg.split, "fingerprint": fingerprint(self.model),
                   "lora_rank": self.cfg.lora_rank, "lora_alpha": self.cfg.lora_alpha, "fast_step": self.fast_step,
-                  "vocab": self._vocab_n(), "policy": pol,
+                  "vocab": self._vocab_n(), "policy": pol, "head": self.policy.head,
+                  "head_ids": None if ids is None else ids.detach().cpu().to(torch.int32),
                   "lora_D": verifier_lora_state(self.model) if self.slow_updates else None}
         _save(bundle, d / POLICY_FILE)
         return d / POLICY_FILE

@@ -12,11 +12,25 @@ committed SmolLM2 head's recipe are in serve.py / ablation.py.
 It writes policy.pt (what method="dvi" loads), card.json (config, before/after evaluation,
 provenance) and log.jsonl (one record per fast step), and checkpoints for --resume.
 `python -m dvi_lite.methods.dvi.cli` runs the same main().
+
+DVI as the paper trains it (paper.py): --data FOLDER (a self-distillation set, `python -m dvi_lite distill-data`)
+switches to a trainable draft LM head over the trimmed map (--head trained), a KL warm-start on the set's train
+split (--warm-start-tokens positions, lambda_t decaying with --tau, default a third of the warm-start's steps),
+then the online reward phase over --sequences Spec-Bench training questions; held-out agreement on the val split
+at milestones of tokens seen; --max-minutes stops resumably (the same command continues). --ablation runs DVI
+vs KL-only vs pure RL for every --seeds and writes --json:
+
+    python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --split 4 --vocab 8192 \
+        --warm-start-tokens 1000000 --sequences 36 --max-minutes 60 --out build/dvi_paper/smollm2
+    python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --ablation --seeds 0,1,2 \
+        --warm-start-tokens 100000 --sequences 12 --json results/27_dvi_paper_ablation.json
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import random
 from pathlib import Path
 
@@ -25,9 +39,11 @@ import torch
 
 from dvi_lite.cli import command_line, require_positive, run_or_usage_error
 from dvi_lite.core.runner import Runner
-from dvi_lite.methods.dvi.config import DVIConfig
+from dvi_lite.methods.dvi.ablation import paper_ablation
+from dvi_lite.methods.dvi.config import HEADS, DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
+from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
 from dvi_lite.methods.dvi.policy import TRAINER_FILE
 from dvi_lite.models.artifacts import artifacts_dir
 from dvi_lite.paths import ROOT
@@ -48,6 +64,41 @@ def train_prompts(tok, path: str | Path | None = None, n_per_domain: int = 400, 
     if not ids:
         raise ValueError("no training prompts")
     return ids
+
+
+def int_at_least(lo: int):
+    """argparse type: an int >= lo (argparse's one-line error names the flag)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {text!r}")
+        return v
+    return parse
+
+
+def minutes(text: str) -> float:
+    """argparse type: a finite number of minutes >= 0 (0 = one step, then stop: a resumable slice)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of minutes >= 0, got {text!r}")
+    return v
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type: comma-separated distinct ints, e.g. 0,1,2."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"must be comma-separated distinct ints (e.g. 0,1,2), got {text!r}")
+    return seeds
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,10 +131,32 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tau", type=float, default=None, help="lambda time constant (default: steps / 5)")
     ap.add_argument("--kl-floor", type=float, default=DVIConfig.kl_floor)
     ap.add_argument("--lr", type=float, default=DVIConfig.lr)
-    ap.add_argument("--lora-rank", type=int, default=DVIConfig.lora_rank)
+    ap.add_argument("--lora-rank", type=int_at_least(1), default=None,
+                    help=f"rank of lora_S (default {DVIConfig.lora_rank}; {PAPER.lora_rank} with --data)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-prompts", type=int, default=16,
                     help="held-out prompts for tau/alpha before and after (0 = skip)")
+    paper_args = ap.add_argument_group("DVI as the paper trains it (--data)")
+    paper_args.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite "
+                            "distill-data): KL warm-start on its train split, held-out agreement on its val split")
+    paper_args.add_argument("--head", default=None, choices=list(HEADS),
+                            help="draft LM head: the model's, frozen ('shared', the default without --data) or a "
+                            "trainable copy of its rows over the map ('trained', the default with --data)")
+    paper_args.add_argument("--warm-start-tokens", type=int_at_least(0), default=PaperRecipe.warm_tokens,
+                            help="positions of the set in the KL warm-start (default %(default)s)")
+    paper_args.add_argument("--warm-batch", type=int_at_least(1), default=PaperRecipe.warm_batch,
+                            help="positions per warm-start step")
+    paper_args.add_argument("--sequences", type=int_at_least(0), default=PaperRecipe.sequences,
+                            help="stream questions in the online reward phase (Spec-Bench dev training questions)")
+    paper_args.add_argument("--val-max-tokens", type=int_at_least(1), default=PaperRecipe.val_max_tokens,
+                            help="held-out positions scored at each curve point")
+    paper_args.add_argument("--max-minutes", type=minutes, default=None,
+                            help="stop (checkpointed) after this much training; the same command resumes")
+    paper_args.add_argument("--ablation", action="store_true",
+                            help="DVI vs KL-only vs pure RL at equal tokens, for every --seeds (needs --data)")
+    paper_args.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="ablation seeds (default 0,1,2)")
+    paper_args.add_argument("--arms", default="dvi,kl,rl", help="ablation arms (comma-separated)")
+    paper_args.add_argument("--json", default=None, help="the ablation's result file (e.g. results/...json)")
     return ap
 
 
@@ -92,8 +165,74 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps")
-    run_or_usage_error(ap, train, args, command_line("dvi_lite dvi", argv))
+    if args.data is None:
+        for flag, bad in (("--ablation", args.ablation), ("--max-minutes", args.max_minutes is not None)):
+            if bad:
+                ap.error(f"{flag} needs --data FOLDER (a self-distillation set)")
+        run_or_usage_error(ap, train, args, command_line("dvi_lite dvi", argv))
+        return 0
+    if args.slow or args.resume:
+        ap.error("--data runs resume by themselves and have no slow updates: drop --slow / --resume")
+    run_or_usage_error(ap, train_on_set, args, command_line("dvi_lite dvi", argv))
     return 0
+
+
+def train_on_set(args: argparse.Namespace, command: str) -> dict:
+    """--data: the paper's recipe (paper.train_paper), or with --ablation its three arms over --seeds."""
+    from dvi_lite.models.distill_reader import load_as_teacher
+    from dvi_lite.models.loading import bf16_is_fast, load_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if bf16_is_fast(device) else "float32")  # fp32 where bf16 GEMMs are slow
+    model, tok = load_model(args.model, dtype=dtype, device=device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    n_layers = Runner.for_model(model).n_layers
+    split = args.split if args.split is not None else min(PAPER.split, n_layers - 1)
+    rank = args.lora_rank or PAPER.lora_rank
+    n_warm = -(-args.warm_start_tokens // args.warm_batch)
+    cfg = dataclasses.replace(PAPER, split=split, head=args.head or "trained", lora_rank=rank,
+                              lora_alpha=2.0 * rank, lr=args.lr, rl_variant=args.rl, kl_floor=args.kl_floor,
+                              tau=args.tau if args.tau is not None else max(1.0, n_warm / 3), seed=args.seed)
+    cfg = cfg.for_layers(n_layers)
+    vocab = (PaperRecipe.vocab if args.vocab is None else None if args.vocab == "full"
+             else int(args.vocab) if args.vocab.isdigit() else args.vocab)
+    recipe = PaperRecipe(warm_tokens=args.warm_start_tokens, warm_batch=args.warm_batch, sequences=args.sequences,
+                         max_new_tokens=args.max_new_tokens, k=args.k, vocab=vocab,
+                         max_prompt_tokens=args.max_prompt_tokens, val_max_tokens=args.val_max_tokens,
+                         eval_questions=args.eval_prompts, max_minutes=args.max_minutes).check()
+    train_set = load_as_teacher(args.data, "train", layers=(split,), width=256, final=False)
+    val_set = load_as_teacher(args.data, "val", layers=(split,), width=256, final=False, corpus=False)
+    from dvi_lite.models.artifacts import fingerprint
+    from dvi_lite.paths import BUILD_DIR
+
+    out = Path(args.out) if args.out else BUILD_DIR / "dvi_paper" / fingerprint(model)
+    if args.ablation:
+        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps({"ranking": res["ranking"], "separated": res["separated"],
+                          "summary": {a: s[recipe_metric(res)]["mean"] for a, s in res["summary"].items()}}))
+        return res
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else out / "ckpt"
+    card = train_paper(model, tok, train_set, val_set, cfg, recipe, out, ckpt, resume=True, command=command,
+                       progress=True)
+    if args.save_dtype and not card.get("stopped"):  # the committed form: the head's tensors in half precision
+        from dvi_lite.methods.dvi.policy import POLICY_FILE
+
+        b = torch.load(out / POLICY_FILE, map_location="cpu", weights_only=False)
+        half = getattr(torch, args.save_dtype)
+        b["policy"] = {k: ({n: t.to(half) for n, t in v.items()} if isinstance(v, dict) else v.to(half))
+                       for k, v in b["policy"].items()}
+        torch.save(b, out / POLICY_FILE)
+    print(json.dumps({k: card.get(k) for k in ("stopped", "fast_steps", "tokens_seen", "final", "wall_time_s")}))
+    return card
+
+
+def recipe_metric(res: dict) -> str:
+    return res.get("metric", "agree")
 
 
 def train(args: argparse.Namespace, command: str) -> dict:
@@ -103,8 +242,8 @@ def train(args: argparse.Namespace, command: str) -> dict:
     from dvi_lite.study.provenance import provenance
 
     cfg = DVIConfig(split=args.split, rl_variant=args.rl, kl_floor=args.kl_floor, lr=args.lr,
-                    tau=args.tau if args.tau is not None else max(1.0, args.steps / 5), lora_rank=args.lora_rank,
-                    seed=args.seed)
+                    tau=args.tau if args.tau is not None else max(1.0, args.steps / 5),
+                    lora_rank=args.lora_rank or DVIConfig.lora_rank, seed=args.seed, head=args.head or "shared")
     torch.manual_seed(cfg.seed)  # every RNG a checkpoint saves is seeded: two runs save equal states
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

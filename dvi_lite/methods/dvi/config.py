@@ -13,6 +13,7 @@ from typing import Any
 from dvi_lite.core.checks import default_split, is_int, is_real
 
 RL_VARIANTS = ("reinforce", "surrogate")
+HEADS = ("shared", "trained")  # the draft LM head: the model's own, frozen; or a trainable copy of its rows
 
 
 def is_finite(x: Any) -> bool:
@@ -45,6 +46,11 @@ class DVIConfig:
     beta_kl: float = 0.1  # weight of KL(pi_phi || pi_phi_old), keeps the verifier from drifting
     lora_rank: int = 8  # rank of the LoRA adapters
     lora_alpha: float = 16.0  # LoRA scaling numerator (scale = alpha / rank)
+    # draft head capacity: "shared" = the model's LM head, frozen (trainable: lora_S, exit_norm, alpha; ~51k values
+    # on SmolLM2 at rank 8); "trained" = the reference's trainable draft LM head, a copy of the target's rows over
+    # the drafter's vocabulary (the trimmed map's N rows, or all V) initialised from the target (+ lora_S, ...)
+    head: str = "shared"
+    head_lr_mult: float = 0.1  # the trained head's lr = lr * head_lr_mult (its rows start at the target's: move gently)
     # model / run
     split: int | None = None  # exit layer k: draft = layers [0, k) + head, verifier = [k, L); None = default_split(L)
     seed: int = 0  # buffer sampling, init
@@ -66,6 +72,10 @@ class DVIConfig:
                 raise bad(name, "a finite number > 0")
         if not is_finite(self.kl_floor) or not 0.0 <= self.kl_floor <= 1.0:
             raise bad("kl_floor", "a number in [0, 1]")
+        if self.head not in HEADS:
+            raise bad("head", f"one of {HEADS}")
+        if not is_finite(self.head_lr_mult) or self.head_lr_mult <= 0:
+            raise bad("head_lr_mult", "a finite number > 0")
         if self.rl_variant not in RL_VARIANTS:
             raise bad("rl_variant", f"one of {RL_VARIANTS}")
         if not is_finite(self.ce_weight) or self.ce_weight < 0:

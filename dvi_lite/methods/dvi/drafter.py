@@ -39,6 +39,9 @@ class DVIDrafter(EarlyExitDrafter):
 
     def __init__(self, runner: Runner, policy: DVIPolicy, k: int = 6, threshold: float | None = None,
                  collect: bool = False, vocab: TrimmedHead | None = None):
+        if policy.head == "trained":  # a trained head drafts on its own ids (checked), through its own rows
+            policy.check_vocab(vocab)
+            vocab = policy.head_map
         super().__init__(runner, policy.split, k, threshold, 1, vocab)  # a chain (branch 1): one experience per draft
         self.policy = policy
         self.collect = collect
@@ -47,11 +50,14 @@ class DVIDrafter(EarlyExitDrafter):
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:
             return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
-        small = self.vocab.small(self.policy.features(h)).float() * self.policy.logit_scale  # (1, n, N)
+        small = self.policy.logits(h, self.vocab)  # (1, n, N)
         return self.vocab.expand(small.to(self.runner.lm_head.weight.dtype))  # (1, n, V), -inf off the map
 
     def extra_params(self) -> int:
-        """Values DVI adds to the target: the whole policy (exit MLP copy incl. its frozen weights) + a trimmed head."""
+        """Values DVI adds to the target: the whole policy (exit MLP copy incl. its frozen weights, a trained head's
+        rows) + a trimmed copy of the shared head's rows."""
+        if self.policy.head == "trained":  # the map's rows ARE the policy's head_weight: counted once
+            return self.policy.extra_params()
         return self.policy.extra_params() + super().extra_params()
 
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
@@ -93,6 +99,14 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
         policy = state
     else:
         policy = load_policy(model, state, split, load_verifier)
+    if policy.head == "trained":  # its own ids (policy.head_map); a given vocab must name the same map
+        if isinstance(vocab, str) and vocab == "full":
+            if policy.head_ids is not None:
+                raise ValueError(f"vocab='full': this DVI policy's trained head scores {len(policy.head_ids)} "
+                                 "token ids only (draft with vocab=None)")
+            vocab = None
+        return DVIDrafter(r, policy, k, threshold, vocab=None if vocab is None else resolve_vocab(model, tokenizer,
+                                                                                                   vocab))
     if vocab is None:
         vocab = getattr(policy, "trained_vocab", None)
     elif isinstance(vocab, str) and vocab == "full":

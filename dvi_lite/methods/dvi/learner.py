@@ -100,8 +100,11 @@ class OnlineTrainer(Checkpointing):
             self._inv[self.vocab.ids] = torch.arange(len(self.vocab), device=self.vocab.ids.device)
         with torch.random.fork_rng(devices=[]):  # deterministic init that leaves the caller's RNG alone
             torch.manual_seed(c.seed)
-            self.policy = DVIPolicy(model, c.split, c.lora_rank, c.lora_alpha)
-        self.fast_opt = torch.optim.AdamW(self.policy.trainable(), lr=c.lr, weight_decay=0.0)
+            self.policy = DVIPolicy(model, c.split, c.lora_rank, c.lora_alpha, head=c.head,
+                                    head_ids=None if self.vocab is None else self.vocab.ids)
+        if c.head == "trained":  # the trained head's own map: its weight is the policy's head_weight
+            self.vocab = self.policy.head_map
+        self.fast_opt = torch.optim.AdamW(self.param_groups(), lr=c.lr, weight_decay=0.0)
         self.slow_updates = bool(slow_updates)
         self.slow_opt = None
         if self.slow_updates:
@@ -123,6 +126,21 @@ class OnlineTrainer(Checkpointing):
         self._recent_acc: list[tuple[int, int]] = []
         self._recent_time = self._recent_new = 0.0
         self.meta: dict[str, Any] = {}  # free-form (the CLI keeps the before-training evaluation here)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The fast optimiser's groups: lora_S + exit_norm + alpha at lr, a trained head's rows at lr * head_lr_mult
+        ("lr_mult": every update sets lr(step) * lr_mult)."""
+        named = self.policy.named_trainable()
+        head = [p for n, p in named.items() if n in ("head_weight", "head_bias")]
+        rest = [p for n, p in named.items() if n not in ("head_weight", "head_bias")]
+        groups = [{"params": rest, "lr_mult": 1.0}]
+        if head:
+            groups.append({"params": head, "lr_mult": self.cfg.head_lr_mult})
+        return groups
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.fast_opt.param_groups:
+            g["lr"] = lr * g.get("lr_mult", 1.0)
 
     # ------------------------------------------------------------------ decoding
     def lr(self, step: int) -> float:
@@ -163,9 +181,7 @@ class OnlineTrainer(Checkpointing):
     # ------------------------------------------------------------------ updates
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         """(B, D) h_k -> (B, V) float32 draft logits, or (B, N) on the trimmed head's ids (with grad)."""
-        if self.vocab is None:
-            return self.policy(h)
-        return self.vocab.small(self.policy.features(h)).float() * self.policy.logit_scale
+        return self.policy.logits(h, self.vocab)
 
     def _nonfinite(self, what: str, parts: dict[str, float]) -> NonFiniteError:
         ck = str(self.last_good_checkpoint) if self.last_good_checkpoint else "none saved in this run"
@@ -175,11 +191,24 @@ class OnlineTrainer(Checkpointing):
             f"and no checkpoint was written for it (last good checkpoint: {ck}). Try a lower lr / slow_lr, "
             f"a lower grad_clip, or check the model's dtype (fp16 overflows; use bf16 or fp32).")
 
+    def apply_fast(self, loss: torch.Tensor, parts: dict[str, float], what: str = "fast") -> float:
+        """Backward, clip and step the fast optimiser; a non-finite loss or gradient raises NonFiniteError with the
+        update NOT applied. Returns the gradient norm before clipping."""
+        if not math.isfinite(parts["total"]):
+            raise self._nonfinite(f"{what} loss", parts)
+        self.fast_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable(), self.cfg.grad_clip))
+        if not math.isfinite(gnorm):
+            self.fast_opt.zero_grad(set_to_none=True)
+            raise self._nonfinite(f"{what} gradient", {**parts, "grad_norm": gnorm})
+        self.fast_opt.step()
+        return gnorm
+
     def _fast_update(self) -> dict[str, Any]:
         c, t = self.cfg, self.fast_step
         lr = self.lr(t)
-        for g in self.fast_opt.param_groups:
-            g["lr"] = lr
+        self.set_lr(lr)
         batch = self.buffer.sample(c.batch_size, self.gen, c.accepted_only, c.backoff_min)
         dev = self.runner.device
         self.policy.train()
@@ -188,15 +217,7 @@ class OnlineTrainer(Checkpointing):
         loss, parts = fast_loss({"student_logits": s, "teacher_logits": tl, "tokens": batch["tokens"].to(dev),
                                  "rewards": batch["rewards"].to(dev)}, c, t, self.baseline)
         self.policy.eval()
-        if not math.isfinite(parts["total"]):
-            raise self._nonfinite("fast loss", parts)
-        self.fast_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.trainable(), c.grad_clip))
-        if not math.isfinite(gnorm):
-            self.fast_opt.zero_grad(set_to_none=True)
-            raise self._nonfinite("fast gradient", {**parts, "grad_norm": gnorm})
-        self.fast_opt.step()
+        gnorm = self.apply_fast(loss, parts)
         fresh = torch.tensor(self.fresh_rewards)
         self.baseline.update(fresh)  # after the loss: b never depends on the rewards it is subtracted from
         self.fresh_rewards = []

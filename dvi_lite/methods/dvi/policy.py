@@ -36,6 +36,16 @@ draft-only, position-wise exit block *after* layer k:
 The cost in memory: the exit block holds a full copy of layer k's MLP (3 * D * I values, frozen, the
 down projection zero) besides the trainable LoRA; `DVIPolicy.extra_params` counts all of it.
 
+The head's capacity: "shared" or "trained" (DVIConfig.head)
+---------------------------------------------------------
+"shared" (the default, and every policy file written before the option): the LM head is the model's own,
+frozen; on SmolLM2 at rank 8 only ~51k values train (lora_S 50.7k + exit_norm + alpha). "trained" follows
+the reference repo, whose `exit_proj` is a trainable copy of the LM head: here a trainable (N, D) draft LM
+head over the drafter's vocabulary (the trimmed map's N rows, `models.vocab`; or all V rows), each row
+initialised from the target's own row (the tied embedding on SmolLM2), plus lora_S on the exit block as
+before. On SmolLM2 with the 8192-token map that is 8192 * 576 = 4.72M more values. Verification never reads
+it (it scores drafts only), so decoding stays lossless. The head's ids travel in policy.pt ("head_ids").
+
 lora_D (slow updates) is OFF by default. Enabling it injects a LoRA into the model's deep layers
 [k, L) *in place* (peft, adapter_name="lora_D", zero-initialised so nothing changes until trained);
 the verifier is then the updated model, and decoding stays lossless w.r.t. that *updated* verifier
@@ -57,6 +67,7 @@ from transformers.activations import ACT2FN
 from dvi_lite.core.checks import check_int, check_split, default_split
 from dvi_lite.methods.dvi.config import is_finite
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.models.vocab import TrimmedHead, check_ids
 
 LORA_S, LORA_D = "lora_S", "lora_D"
 POLICY_FILE, TRAINER_FILE = "policy.pt", "trainer.pt"  # what method="dvi" loads; what a resume loads
@@ -102,16 +113,20 @@ class ExitMLP(nn.Module):
 
 
 class DVIPolicy(nn.Module):
-    """pi_theta(. | h_k): residual exit block with LoRA "lora_S" -> exit_norm -> shared LM head -> x alpha.
+    """pi_theta(. | h_k): residual exit block with LoRA "lora_S" -> exit_norm -> LM head -> x alpha.
 
-    Trainable (the fast update's parameters): lora_S, exit_norm.weight, logit_scale. Everything else
-    is frozen: the block's base weights, its input norm, and the LM head, which is the model's own
-    module (not a copy, not registered as a submodule: it never moves, trains or gets saved here).
+    head="shared": trainable (the fast update's parameters) are lora_S, exit_norm.weight, logit_scale.
+    Everything else is frozen: the block's base weights, its input norm, and the LM head, which is the
+    model's own module (not a copy, not registered as a submodule: it never moves, trains or gets saved here).
+    head="trained": also `head_weight` (N, D), a trainable float32 copy of the target's LM-head rows at
+    `head_ids` (the drafter's trimmed map; None = all V rows); `head_map` is a TrimmedHead over those ids
+    whose weight IS head_weight (so `head_map.small` / `head_map.expand` are the draft head's own logits).
     The block runs in float32 whatever the model's dtype (the fast update trains it in fp32); h_k is
-    upcast on the way in and cast to the LM head's dtype before the head.
+    upcast on the way in and cast to the LM head's dtype before a shared head.
     """
 
-    def __init__(self, model, split: int, lora_rank: int = 8, lora_alpha: float = 16.0):
+    def __init__(self, model, split: int, lora_rank: int = 8, lora_alpha: float = 16.0, head: str = "shared",
+                 head_ids: torch.Tensor | None = None):
         super().__init__()
         layers = model.model.layers
         self.split = check_split(split, len(layers))
@@ -135,7 +150,24 @@ class DVIPolicy(nn.Module):
         _peft().inject_adapter_in_model(cfg, self, adapter_name=LORA_S)  # freezes every non-LoRA parameter
         self.exit_norm.weight.requires_grad_(True)
         self.logit_scale.requires_grad_(True)
-        self.trained_vocab: int | None = None  # set by load_policy from the file: the trimmed head it learned on
+        self.trained_vocab: Any = None  # set by load_policy from the file: the trimmed head it learned on
+        if head not in ("shared", "trained"):
+            raise ValueError(f"head must be one of ('shared', 'trained'), got {head!r}")
+        self.head = head
+        self.head_ids: torch.Tensor | None = None  # (N,) the trained head's token ids (None: all V, or shared)
+        self.head_map: TrimmedHead | None = None
+        if head == "trained":
+            lm = _base(model.lm_head)
+            v = lm.weight.shape[0]
+            ids = None if head_ids is None else check_ids(head_ids, v).to(dev)  # (N,)
+            rows = lm.weight.detach() if ids is None else lm.weight.detach().index_select(0, ids)  # (N, D)
+            self.head_weight = nn.Parameter(rows.to(dev, torch.float32).clone())  # init: the target's rows
+            bias = None if lm.bias is None else lm.bias.detach() if ids is None else lm.bias.detach()[ids]
+            self.head_bias = None if bias is None else nn.Parameter(bias.float().clone())  # a biased head: trains too
+            if ids is not None:
+                self.head_ids = ids
+                self.head_map = TrimmedHead(lm, ids)  # its (N, D) copy is replaced by the trainable rows:
+                self.head_map.weight, self.head_map.bias = self.head_weight, self.head_bias
 
     def features(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) h_k -> (..., D) normalised exit features (float32)."""
@@ -144,16 +176,39 @@ class DVIPolicy(nn.Module):
         return self.exit_norm(x)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """(..., D) layer-k states -> (..., V) float32 draft logits alpha * lm_head(exit_norm(...))."""
+        """(..., D) layer-k states -> (..., V) float32 draft logits alpha * head(exit_norm(...)); a trained head
+        over a trimmed map gives -inf off its ids."""
+        if self.head == "trained":
+            small = self.logits(h)  # (..., N) or (..., V)
+            return small if self.head_map is None else self.head_map.expand(small)
         head = _base(self.lm_head)
         x = self.features(h).to(head.weight.dtype)
         bias = None if head.bias is None else head.bias.detach()
         return F.linear(x, head.weight.detach(), bias).float() * self.logit_scale  # the head never trains here
 
+    def logits(self, h: torch.Tensor, vocab: TrimmedHead | None = None) -> torch.Tensor:
+        """(..., D) layer-k states -> float32 logits on the drafter's vocabulary: (..., N) on `vocab`'s ids, or
+        (..., V) with vocab=None. A trained head scores its own ids: `vocab` must be None or hold those ids."""
+        if self.head == "trained":
+            self.check_vocab(vocab)
+            return F.linear(self.features(h), self.head_weight, self.head_bias) * self.logit_scale
+        if vocab is None:
+            return self(h)
+        return vocab.small(self.features(h)).float() * self.logit_scale
+
+    def check_vocab(self, vocab: TrimmedHead | None) -> None:
+        """A trained head drafts on its own ids only: `vocab` (the drafter's) must be None or the same map."""
+        if self.head != "trained" or vocab is None or vocab is self.head_map:
+            return
+        if self.head_ids is None or not torch.equal(vocab.ids.to(self.head_ids.device), self.head_ids):
+            n = "all" if self.head_ids is None else len(self.head_ids)
+            raise ValueError(f"this DVI policy's trained head scores {n} token ids; the drafter's vocab has "
+                             f"{len(vocab)} others (draft with vocab=None: the head's own map)")
+
     def extra_params(self) -> int:
         """Parameters this policy adds to the target: every one it holds, trainable or not -- the exit MLP
-        copy (gate, up, down: 3 * D * I, frozen), lora_S, the two norm copies and alpha. The LM head is the
-        model's own and is not counted."""
+        copy (gate, up, down: 3 * D * I, frozen), lora_S, the two norm copies and alpha, and a trained head's
+        (N, D) rows. A shared LM head is the model's own and is not counted."""
         return sum(p.numel() for p in self.parameters())
 
     def trainable(self) -> list[nn.Parameter]:
@@ -165,9 +220,14 @@ class DVIPolicy(nn.Module):
     def trainable_state(self) -> dict[str, Any]:
         """What a checkpoint needs: lora_S (peft's state dict), exit_norm, logit_scale (CPU copies)."""
         lora = _peft().get_peft_model_state_dict(self, adapter_name=LORA_S)
-        return {"lora_S": {k: v.detach().cpu().clone() for k, v in lora.items()},
-                "exit_norm": self.exit_norm.weight.detach().cpu().clone(),
-                "logit_scale": self.logit_scale.detach().cpu().clone()}
+        out = {"lora_S": {k: v.detach().cpu().clone() for k, v in lora.items()},
+               "exit_norm": self.exit_norm.weight.detach().cpu().clone(),
+               "logit_scale": self.logit_scale.detach().cpu().clone()}
+        if self.head == "trained":  # a trained head's rows (and bias); its ids are in the file's "head_ids"
+            out["head_weight"] = self.head_weight.detach().cpu().clone()
+            if self.head_bias is not None:
+                out["head_bias"] = self.head_bias.detach().cpu().clone()
+        return out
 
     def load_trainable_state(self, state: dict[str, Any]) -> None:
         lora = {k: v.float() for k, v in state["lora_S"].items()}  # a committed head may be stored in bf16
@@ -176,15 +236,26 @@ class DVIPolicy(nn.Module):
         if missing or res.unexpected_keys:
             raise ValueError(f"lora_S state does not fit this policy (rank/split?): missing {missing}, "
                              f"unexpected {res.unexpected_keys}")
+        if (self.head == "trained") != ("head_weight" in state):
+            raise ValueError(f"this policy's head is {self.head!r}; the state "
+                             f"{'holds' if 'head_weight' in state else 'lacks'} a trained head's rows")
         with torch.no_grad():
             self.exit_norm.weight.copy_(state["exit_norm"])
             self.logit_scale.copy_(state["logit_scale"])
+            if self.head == "trained":
+                if state["head_weight"].shape != self.head_weight.shape:
+                    raise ValueError(f"trained head rows {tuple(state['head_weight'].shape)} do not fit this "
+                                     f"policy's {tuple(self.head_weight.shape)}")
+                self.head_weight.copy_(state["head_weight"])
+                if self.head_bias is not None:
+                    self.head_bias.copy_(state["head_bias"])
 
     @torch.no_grad()
     def head_norm(self) -> float:
-        """Frobenius norm of the exit head's trainable weights (lora_S + exit_norm), alpha excluded."""
+        """Frobenius norm of the exit head's trainable weights (lora_S + exit_norm), alpha and a trained LM
+        head's rows excluded (those start at the target's, far from 0)."""
         return math.sqrt(sum(float(p.float().pow(2).sum()) for n, p in self.named_trainable().items()
-                             if n != "logit_scale"))
+                             if n not in ("logit_scale", "head_weight", "head_bias")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -271,10 +342,13 @@ def _read_policy(model, f: Path, load_verifier: bool) -> DVIPolicy:
     if b["fingerprint"] != fingerprint(model):
         raise ValueError(f"DVI policy {f} was trained for another model; train one for this model with "
                          "`python -m dvi_lite dvi --model <path>`")
+    head, head_ids = b.get("head", "shared"), b.get("head_ids")  # files before the option: a shared head
     with torch.random.fork_rng(devices=[]):  # peft's init draws random numbers: leave the caller's RNG alone
-        pol = DVIPolicy(model, b["split"], b["lora_rank"], b["lora_alpha"])
+        pol = DVIPolicy(model, b["split"], b["lora_rank"], b["lora_alpha"], head=head,
+                        head_ids=None if head_ids is None else head_ids.long())
     pol.load_trainable_state(b["policy"])
-    pol.trained_vocab = b.get("vocab")  # the trimmed head size N it was trained on (None: full vocabulary)
+    # the trimmed head it was trained on: size N (None: full vocabulary); a trained head carries its own ids
+    pol.trained_vocab = b.get("vocab") if head == "shared" else pol.head_ids
     pol.eval()
     if load_verifier and b["lora_D"] is not None:
         attach_verifier_lora(model, b["split"], b["lora_rank"], b["lora_alpha"])

@@ -1,7 +1,7 @@
 """Train an EAGLE head from the target's stored outputs: `python -m dvi_lite eagle-train --model smollm2`.
 
 Input: a `TeacherData` (models/teacher.py), e.g. the self-distillation set read by
-`models.distill_data.load_as_teacher(folder, split, layers=(2, 15, 27))`: per position the tokens, the states
+`models.distill_reader.load_as_teacher(folder, split, layers=(2, 15, 27))`: per position the tokens, the states
 after the fused layers, and the target's top-k next tokens with their log-probs. Target: that top-k,
 renormalised on the head's draft vocabulary (soft_ce; a position with no target on the map is skipped). Loss:
 EAGLE-3's training-time test (ttt.py), `ttt_steps` unrolled steps weighted decay**s. The target stays frozen
@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> dict:
         from dvi_lite.models.artifacts import artifacts_dir
-        from dvi_lite.models.distill_data import distill_dir, load_as_teacher
+        from dvi_lite.models.distill_data import distill_dir
+        from dvi_lite.models.distill_reader import load_as_teacher
         from dvi_lite.models.loading import load_model
 
         model, tok = load_model(args.model, dtype="float32")

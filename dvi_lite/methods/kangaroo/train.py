@@ -167,7 +167,7 @@ def curve_dir(out: Path) -> Path:
 def load_set(folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData]:
     """(train, held-out) of a self-distillation set (models/distill_data.py) with the states after exit layer
     `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens."""
-    from dvi_lite.models.distill_data import load_as_teacher
+    from dvi_lite.models.distill_reader import load_as_teacher
 
     train = load_as_teacher(folder, "train", layers=(split,), final=False)
     val = load_as_teacher(folder, "val", layers=(split,), final=False, max_tokens=val_max_tokens)

@@ -128,7 +128,7 @@ def load_heads(model, path: str | Path | None = None) -> MedusaHeads:
     if not path.is_file():
         raise FileNotFoundError(f"no Medusa heads at {path}; train them with `{TRAIN_COMMAND} --heads 4` "
                                 "(SmolLM2: `python -m dvi_lite prepare --model smollm2`, the teacher-distilled "
-                                "recipe in medusa/teacher_train.py; or pass heads=...)")
+                                "recipe in medusa/teacher_recipe.py; or pass heads=...)")
     return load_cached("medusa", model, path, lambda: _load_heads(model, path))
 
 

@@ -265,7 +265,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             return distil(model, teacher, cfg, out_dir, command, resume=False, ckpt=Path(tmp) / "ckpt.pt",
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
-        from dvi_lite.models.distill_data import load_as_teacher
+        from dvi_lite.models.distill_reader import load_as_teacher
 
         train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
         return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
