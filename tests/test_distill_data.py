@@ -146,3 +146,19 @@ def test_sps_learning_curve_from_the_set(built, tmp_path):
     a = torch.load(tmp_path / "a" / "draft.pt")["state"]
     b = torch.load(tmp_path / "b" / "draft.pt")["state"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_decode_with_states_answers_as_generate_does(course_model):
+    """The shrinking-batch decoder (finished rows leave the batch) answers as HF generate does, greedy fp32, and
+    keeps one state and one top-k per position but the last."""
+    from dvi_lite.models.batch_decode import decode_with_states
+
+    model, tok = course_model
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in
+               ("def add(a, b):", "The quick brown fox jumps over the lazy dog and", "import os\nimport")]
+    rows = decode_with_states(model, prompts, 12, 0.0, 0, tok.eos_token_id, (2,), 4, pad=tok.eos_token_id)
+    assert [r["answer"].tolist() for r in rows] == dd.generate_batch(model, tok, prompts, 12, 0.0, 0)
+    for p, r in zip(prompts, rows, strict=True):
+        n = len(p) + len(r["answer"]) - 1
+        assert r["ids"].tolist() == (p + r["answer"].tolist())[:-1]
+        assert r["h2"].shape[0] == r["top_ids"].shape[0] == r["top_logp"].shape[0] == n

@@ -40,6 +40,7 @@ from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models import prompt_pool as pool
 from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.batch_decode import decode_with_states
 from dvi_lite.models.distill_reader import done_shards
 from dvi_lite.paths import BUILD_DIR
 
@@ -154,49 +155,21 @@ def flatten(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-@torch.no_grad()
 def answers_with_states(model, tok, prompts: list[list[int]], cfg: DistillConfig, temperature: float,
                         seed: int) -> list[dict[str, torch.Tensor]]:
-    """The model's answers and, in the same pass, its states and top-k at every position of prompt + answer.
-
-    Generating already runs the full model over every position (the prompt at prefill, then one token a
-    step), so forward hooks on the decoder layers keep the states after each layer in cfg.layers and after
-    the last one: no second teacher forward. The last token of a row has no state (its forward never runs),
-    so a row keeps prompt + answer without it; the last kept position's top-k still predicts that token.
-    Top-k log-probs come from the last layer's state through the final norm and LM head, in fp32.
-    """
-    runner = Runner.for_model(model)
-    bad = [k for k in cfg.layers if not 1 <= k < runner.n_layers]
+    """The model's answers and, from the same pass, its states and top-k at every position of prompt + answer
+    (models/batch_decode.py: no second teacher forward, finished rows leave the batch). The last token of a row
+    has no state (its forward never runs), so a row keeps prompt + answer without it; the last kept position's
+    top-k still predicts that token."""
+    n_layers = model.config.num_hidden_layers
+    bad = [k for k in cfg.layers if not 1 <= k < n_layers]
     if bad:
-        raise ValueError(f"layers must lie in [1, {runner.n_layers - 1}] for this model, got {bad}")
-    keep = sorted(set(cfg.layers)) + [runner.n_layers]
-    seen: dict[int, list[torch.Tensor]] = {k: [] for k in keep}
-
-    def hook(k: int):
-        def fn(_module, _args, out):
-            h = out[0] if isinstance(out, tuple) else out  # (B, t, D)
-            seen[k].append(h.detach() if k == runner.n_layers else h.detach().to("cpu", torch.bfloat16))
-        return fn
-
-    handles = [runner.layers[k - 1].register_forward_hook(hook(k)) for k in keep]
-    try:
-        answers = generate_batch(model, tok, prompts, cfg.answer_tokens, temperature, seed)
-    finally:
-        for h in handles:
-            h.remove()
-    width = max(map(len, prompts))
-    states = {k: torch.cat(v, dim=1) for k, v in seen.items()}  # (B, width + steps, D)
-    rows = []
-    for j, (p, a) in enumerate(zip(prompts, answers, strict=True)):
-        ids = (p + a)[:-1]
-        lo, hi = width - len(p), width - len(p) + len(ids)
-        row = {f"h{k}": states[k][j, lo:hi] for k in keep[:-1]}
-        last = states[keep[-1]][j, lo:hi]  # (n, D) fp32
-        logp = runner.logits(last[None].to(runner.lm_head.weight.dtype)).float().log_softmax(-1)[0]  # (n, V)
-        v, top = logp.topk(cfg.top_k, dim=-1)
-        row |= {f"h{keep[-1]}": last.to("cpu", torch.bfloat16), "top_ids": top.to("cpu", torch.int32),
-                "top_logp": v.to("cpu", torch.float16), "ids": torch.tensor(ids, dtype=torch.int32)}
-        rows.append(row)
+        raise ValueError(f"layers must lie in [1, {n_layers - 1}] for this model, got {bad}")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = decode_with_states(model, prompts, cfg.answer_tokens, temperature, seed, tok.eos_token_id, cfg.layers,
+                              cfg.top_k, pad)
+    for r in rows:
+        del r["answer"]
     return rows
 
 
