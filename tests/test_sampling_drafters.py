@@ -33,7 +33,7 @@ BOTH = dict(temperature=1.3, top_k=4, top_p=0.9)
 
 # case -> (method, options, the chain check: ("run", 3) = a step accepted 3 drafts in a row)
 CASES = {
-    "sps": ("sps", {"draft_model": "draft8", "k": K}, ("run", 3)),
+    # sps is covered under top-p and top-k by test_engine.py and test_course_model.py
     "early_exit": ("early_exit", {"split": 1, "k": K}, ("run", 3)),
     "kangaroo_chain": ("kangaroo", {"adapter": "adapter", "k": K, "threshold": None}, ("run", 3)),
     "draft_verify": ("draft_verify", {"skip": Skip(mlp=frozenset({1})), "k": K, "threshold": None,

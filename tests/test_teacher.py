@@ -29,8 +29,11 @@ def test_outputs_equal_the_models_forward(course):
         pos = torch.arange(len(r))[None]
         h2 = runner.layers_forward(runner.embed(x), None, pos, 0, 2)
         h = runner.layers_forward(h2, None, pos, 2)
-        torch.testing.assert_close(data.state(2)[i, : len(r)].float(), h2[0].to(torch.bfloat16).float())
-        torch.testing.assert_close(data.final[i, : len(r)].float(), h[0].to(torch.bfloat16).float())
+        # the batched, padded fp32 run may differ from this one in the last bits, which can round to the
+        # neighbouring bf16 value: one bf16 step (at most 2^-7 relative) is the tolerance
+        bf16_step = {"rtol": 2 ** -7, "atol": 1e-5}
+        torch.testing.assert_close(data.state(2)[i, : len(r)].float(), h2[0].to(torch.bfloat16).float(), **bf16_step)
+        torch.testing.assert_close(data.final[i, : len(r)].float(), h[0].to(torch.bfloat16).float(), **bf16_step)
         logp = runner.logits(h).float().log_softmax(-1)[0]  # (T, V)
         assert torch.equal(data.top_ids[i, : len(r), 0], logp.argmax(-1))
         torch.testing.assert_close(data.top_logp[i, : len(r)].float(), logp.topk(4, -1).values, atol=2e-3, rtol=1e-3)
