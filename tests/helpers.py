@@ -500,6 +500,23 @@ def assert_cache_equals_fresh(model, cache, tokens: list[int], atol: float = 1e-
                                        msg=lambda m, name=name, i=i: f"{where} {name} layer {i}: {m}")
 
 
+def dvi_on_target8(target8, k: int):
+    """A copy of the vocabulary-8 target with a DVI policy trained for 4 fast steps on it (the trainer leaves
+    the model as is): (model, policy), for the law tests that drive DVI."""
+    import copy
+
+    from dvi_lite.methods.dvi.config import DVIConfig
+    from dvi_lite.methods.dvi.learner import OnlineTrainer
+
+    model = copy.deepcopy(target8)
+    prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
+    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
+    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=k, temperature=1.0, progress=False)
+    tr.train(4)
+    assert tr.fast_step == 4
+    return model, tr.policy
+
+
 def perturbed_heads(model, num_heads: int = 3, seed: int = 0, scale: float = 0.3):
     """Medusa heads between the model's next-token head (their identity start) and noise: each drafts
     something between the model's next token and a random guess, so trees get partly accepted."""

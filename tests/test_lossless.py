@@ -21,8 +21,6 @@ steps on the model itself (seed 0).
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
 from helpers import (
     ALPHA,
@@ -30,6 +28,7 @@ from helpers import (
     PROMPT8,
     W_DESIGN,
     assert_lossless_sampling,
+    dvi_on_target8,
     exact_joint,
     law_test,
     law_test_names,
@@ -41,8 +40,6 @@ from helpers import (
 
 from dvi_lite.core.runner import Skip
 from dvi_lite.core.sampling import Sampler
-from dvi_lite.methods.dvi.config import DVIConfig
-from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 
 NEW = 5  # t1 from the prefill, then a first step that drafts K = min(k, NEW - 2) = 3
@@ -56,13 +53,7 @@ ACC = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # made-up per-rank a
 @pytest.fixture(scope="module")
 def dvi_model(target8):
     """A copy of target8 with a DVI policy trained for 4 fast steps on it (the trainer leaves the model as is)."""
-    model = copy.deepcopy(target8)
-    prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
-    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
-    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=K, temperature=1.0, progress=False)
-    tr.train(4)
-    assert tr.fast_step == 4
-    return model, tr.policy
+    return dvi_on_target8(target8, K)
 
 
 # case -> (method, sampler, options, the chain check: ("run", 3) = a step accepted 3 drafts, ("depth", 3))

@@ -16,14 +16,10 @@ for 4 fast steps on the model itself.
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
-from helpers import PROMPT8, assert_lossless_sampling
+from helpers import PROMPT8, assert_lossless_sampling, dvi_on_target8
 
 from dvi_lite.core.runner import Skip
-from dvi_lite.methods.dvi.config import DVIConfig
-from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 
 NEW, K = 5, 3
@@ -45,13 +41,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def dvi_model(target8):
     """A copy of target8 with a DVI policy trained for 4 fast steps on it (test_lossless.py's recipe)."""
-    model = copy.deepcopy(target8)
-    prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
-    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
-    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=K, temperature=1.0, progress=False)
-    tr.train(4)
-    assert tr.fast_step == 4
-    return model, tr.policy
+    return dvi_on_target8(target8, K)
 
 
 @pytest.mark.parametrize("case", list(CASES))
