@@ -11,6 +11,8 @@ from helpers import (  # noqa: F401  (re-exported for `from conftest import ...`
     ALPHA,
     DEEP_PROMPTS,
     EOS,
+    LAW_TEST_BUDGET,
+    LAW_TESTS_RUN,
     PROMPT8,
     VOCAB,
     IdTokenizer,
@@ -77,3 +79,29 @@ def tok8() -> StubTokenizer:
 def deep_model() -> LlamaForCausalLM:
     """4 layers, peaked logits and deep layers that matter, so shallow (self-speculative) drafts get rejected."""
     return make_deep_model()
+
+
+# ---------------------------------------------------------------- the law-test budget, over all workers
+
+_WORKER_LAW_TESTS: list[int] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """(xdist controller) collect each worker's count of law tests."""
+    _WORKER_LAW_TESTS.append(int(getattr(node, "workeroutput", {}).get("law_tests", 0)))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A worker reports its count; the controller (or a run without xdist) fails the run when the suite made
+    more law tests than LAW_TEST_BUDGET, since ALPHA = 1 % / LAW_TEST_BUDGET then no longer bounds the
+    suite's false alarms."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["law_tests"] = LAW_TESTS_RUN[0]
+        return
+    total = LAW_TESTS_RUN[0] + sum(_WORKER_LAW_TESTS)
+    print(f"\nlaw tests made: {total} (budget {LAW_TEST_BUDGET}, alpha {ALPHA:g} each)")
+    if total > LAW_TEST_BUDGET:
+        print(f"FAIL: {total} law tests passed LAW_TEST_BUDGET = {LAW_TEST_BUDGET}: raise it (tests/helpers.py)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -80,13 +80,7 @@ def test_greedy_equals_ar_on_the_course_model():
 
 @pytest.mark.slow
 def test_greedy_equals_ar_on_smollm2_fp32():
-    from test_smollm2 import smollm2
+    """On the shared real-model reference (every task group; summarization and RAG give it text to copy)."""
+    from helpers import assert_smollm2_greedy_equals_ar
 
-    from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts
-
-    model, tok = smollm2("float32")
-    by_group = {}
-    for r in read_prompts(SPEC_BENCH_DEV):
-        by_group.setdefault(r["group"], r)
-    prompts = [by_group[g]["prompt"] for g in ("summarization", "rag", "multi-turn")]  # copying, and chat
-    assert _greedy_equal(model, tok, prompts) > 1.0
+    assert_smollm2_greedy_equals_ar("pld")

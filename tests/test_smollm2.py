@@ -15,9 +15,7 @@ import dvi_lite
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.models import loading
 from dvi_lite.models import smollm2 as conv
-from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts, spread
-
-NEW = 32
+from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts
 
 
 def ensure_converted() -> None:
@@ -125,18 +123,21 @@ def test_loads_by_name_in_both_dtypes(fp32):
 
 @pytest.mark.slow
 def test_ar_equals_hf_generate_on_spec_bench(fp32):
-    """>= 8 Spec-Bench dev questions spread over the six task groups, 32 greedy tokens each, chat template."""
+    """The real-model reference (helpers.smollm2_reference: Spec-Bench dev questions from all six task groups,
+    our AR's 32 greedy tokens each, chat template) is HF generate's, and our prompt ids are the template's."""
+    from helpers import smollm2_reference
+
     model, tok = fp32
-    questions = spread(read_prompts(SPEC_BENCH_DEV), 8)
-    assert len({q["group"] for q in questions}) == 6
-    for q in questions:
-        ids = prompt_ids(tok, q["prompt"])
-        ref_ids = tok.apply_chat_template(q["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
+    ref = smollm2_reference()
+    assert len(ref) >= 8
+    for prompt, ours in ref:
+        ids = prompt_ids(tok, prompt)
+        ref_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
         assert ids == list(ref_ids["input_ids"])
         x = torch.tensor([ids])
         with torch.no_grad():
-            ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
-        ours = dvi_lite.generate(model, tok, q["prompt"], method="ar", max_new_tokens=NEW)
-        assert ours.token_ids == ref, f"question {q['id']} ({q['category']})"
-        assert ours.stats.prompt_tokens == len(ids)
+            hf = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=len(ours), do_sample=False,
+                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        assert ours == hf, f"prompt {prompt[-1]['content'][:60]!r}"
+    groups = {q["group"] for q in read_prompts(SPEC_BENCH_DEV) if q["prompt"] in [p for p, _ in ref]}
+    assert len(groups) == 6, groups
