@@ -157,8 +157,49 @@ def test_decode_with_states_answers_as_generate_does(course_model):
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in
                ("def add(a, b):", "The quick brown fox jumps over the lazy dog and", "import os\nimport")]
     rows = decode_with_states(model, prompts, 12, 0.0, 0, tok.eos_token_id, (2,), 4, pad=tok.eos_token_id)
-    assert [r["answer"].tolist() for r in rows] == dd.generate_batch(model, tok, prompts, 12, 0.0, 0)
+    for p, r in zip(prompts, rows, strict=True):  # HF generate, one prompt at a time
+        x = torch.tensor([p])
+        ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                             pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
+        assert r["answer"].tolist() == (ref[: ref.index(tok.eos_token_id) + 1] if tok.eos_token_id in ref else ref)
+    bare = decode_with_states(model, prompts, 12, 0.0, 0, tok.eos_token_id, (2,), 4, pad=tok.eos_token_id,
+                              states=False)
+    for b, r in zip(bare, rows, strict=True):
+        assert b.keys() == {"ids", "answer"} and torch.equal(b["ids"], r["ids"])
     for p, r in zip(prompts, rows, strict=True):
         n = len(p) + len(r["answer"]) - 1
         assert r["ids"].tolist() == (p + r["answer"].tolist())[:-1]
         assert r["h2"].shape[0] == r["top_ids"].shape[0] == r["top_logp"].shape[0] == n
+
+
+def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_path, monkeypatch):
+    """states=False keeps only the committed record (ids + JSON), the same tokens a full build writes; a later
+    build with states reads the record, generates nothing, and rebuilds the states with one teacher forward."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from dvi_lite.models import distill_record as rec
+
+    model, tok, folder, _ = built
+    record = tmp_path / "record"
+    card = dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "unused", record=record)
+    assert card["shards"] == 1 and not (tmp_path / "unused").exists()
+    assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json", "shard_00000.npz"]
+    full = load_file(str(folder / "shard_00000.safetensors"))
+    rows, plen = rec.read_record(record, "shard_00000")
+    assert [x for r in rows for x in r] == full["ids"].tolist() and torch.equal(plen, full["prompt_len"])
+    assert rec.token_rows(record, "train")[0] == (rows[0], int(plen[0]))
+
+    def no_generation(*a, **k):
+        raise AssertionError("a recorded shard was generated again")
+
+    monkeypatch.setattr(dd, "build_shard", no_generation)
+    states = tmp_path / "states"
+    card = dd.build(model, tok, tiny(1), states, record=record)
+    again = load_file(str(states / "shard_00000.safetensors"))
+    assert card["shards"] == 1 and torch.equal(again["ids"], full["ids"])
+    torch.testing.assert_close(again["h2"], full["h2"], rtol=0.02, atol=0.02)
+    torch.testing.assert_close(again["top_logp"].float(), full["top_logp"].float(), rtol=0.01, atol=0.01)
+    with pytest.raises(ValueError, match="states=False keeps only the token record"):
+        dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "x")

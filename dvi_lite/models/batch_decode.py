@@ -33,13 +33,15 @@ def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def decode_with_states(model, prompts: list[list[int]], max_new: int, temperature: float, seed: int,
-                       eos: int | None, layers: tuple[int, ...], top_k: int, pad: int = 0) -> list[dict]:
+                       eos: int | None, layers: tuple[int, ...], top_k: int, pad: int = 0,
+                       states: bool = True) -> list[dict]:
     """Answer every prompt (left-padded together) and keep, at every position of prompt + answer but the last
     token (whose forward never runs), `ids`, the state after each of `layers` and after the last layer (bf16),
-    and the target's `top_ids` / `top_logp`. Returns one dict of tensors per prompt, plus `answer` (its ids)."""
+    and the target's `top_ids` / `top_logp`. Returns one dict of tensors per prompt, plus `answer` (its ids).
+    states=False keeps `ids` and `answer` only (no hooks, no top-k over the prompt: the same tokens, cheaper)."""
     runner = Runner.for_model(model)
     last_layer = runner.n_layers
-    keep = sorted(set(layers)) + [last_layer]
+    keep = sorted(set(layers)) + [last_layer] if states else []
     dev = runner.device
     cur: dict[int, torch.Tensor] = {}
 
@@ -58,12 +60,12 @@ def decode_with_states(model, prompts: list[list[int]], max_new: int, temperatur
         gen = torch.Generator().manual_seed(seed)
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
-        parts: list[dict[str, list[torch.Tensor]]] = []
-        for r, p in enumerate(prompts):  # the prompt positions: states, and top-k from the last state
+        parts: list[dict[str, list[torch.Tensor]]] = [{} for _ in prompts]
+        for r, p in enumerate(prompts if states else []):  # the prompt positions: states, top-k from the last state
             h = {k: cur[k][r, width - len(p):] for k in keep}  # (len, D)
             ti, tl = _top(runner.logits(h[last_layer]), top_k)
-            parts.append({**{f"h{k}": [h[k].to("cpu", torch.bfloat16)] for k in keep}, "top_ids": [ti],
-                          "top_logp": [tl]})
+            parts[r] = {**{f"h{k}": [h[k].to("cpu", torch.bfloat16)] for k in keep}, "top_ids": [ti],
+                        "top_logp": [tl]}
         answers: list[list[int]] = [[] for _ in prompts]
         active = list(range(len(prompts)))
         next_pos = torch.tensor([len(p) for p in prompts], device=dev)  # (b,)
@@ -82,6 +84,9 @@ def decode_with_states(model, prompts: list[list[int]], max_new: int, temperatur
             att = torch.cat([att, att.new_ones(len(active), 1)], dim=1)
             logits = model(input_ids=tok[:, None], attention_mask=att, position_ids=next_pos[:, None],
                            past_key_values=cache, use_cache=True).logits[:, -1]  # (b, V)
+            if not states:
+                next_pos = next_pos + 1
+                continue
             ti, tl = _top(logits, top_k)
             for i, r in enumerate(active):
                 for k in keep:

@@ -16,6 +16,13 @@ The generating pass itself (forward hooks, no second forward) stores, at every p
 - `top_ids` / `top_logp` (N, top_k): the target's most likely next tokens and their log-probs (full softmax);
 - `h{k}` (N, D) bf16: the state after k layers, for every k in `layers` and for the last layer (pre-norm).
 
+The costly part, on a CPU, is the answers themselves; the states are one forward pass away from them. So every
+shard's token ids (and its JSON) are also kept, compressed, in a committed record, `data/<model>/distill/`
+(models/artifacts.artifacts_dir): about 4 MB per million answer tokens. A later run on another machine reads the
+record, never regenerates a recorded shard, rebuilds its states with one teacher forward (`teacher_pass`) when it
+needs them, and generates only the shards that come after it. `--no-states` keeps the record alone (what an AVX2
+CPU can afford: a forward over a million tokens takes hours there, and build/ does not outlive a session).
+
 A shard is written to a temporary file and renamed; its JSON (rows, sources, groups, times) is written last,
 so a shard is done exactly when its JSON exists. A killed run resumes at the first shard without one and
 redoes nothing. `card.json` is rebuilt after every shard: counts per source and task group, duplicates
@@ -42,6 +49,7 @@ from dvi_lite.models import prompt_pool as pool
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.batch_decode import decode_with_states
 from dvi_lite.models.distill_reader import done_shards
+from dvi_lite.models.distill_record import read_record, record_dir, save_record
 from dvi_lite.paths import BUILD_DIR
 
 
@@ -61,6 +69,7 @@ class DistillConfig:
     corpus_len: int = 256
     val_every: int = 20  # every val_every-th shard is held out
     seed: int = 0
+    states: bool = True  # keep the states and top-k under build/ (False: the committed token record only)
 
     def check(self) -> None:
         check_int("tokens", self.tokens, 1)
@@ -82,25 +91,6 @@ def _atomic_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
-
-
-@torch.no_grad()
-def generate_batch(model, tok, prompts: list[list[int]], max_new: int, temperature: float,
-                   seed: int) -> list[list[int]]:
-    """The model's continuation of each prompt (left-padded together), cut after its EOS."""
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    width = max(map(len, prompts))
-    dev = next(model.parameters()).device
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)  # (B, T)
-    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
-    torch.manual_seed(seed)
-    sample = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
-        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new, pad_token_id=pad, **sample)
-    rows = []
-    for row in out[:, width:].tolist():
-        rows.append(row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row)
-    return rows
 
 
 def _chat(tok, text: str, cfg: DistillConfig) -> list[int]:
@@ -167,7 +157,7 @@ def answers_with_states(model, tok, prompts: list[list[int]], cfg: DistillConfig
         raise ValueError(f"layers must lie in [1, {n_layers - 1}] for this model, got {bad}")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = decode_with_states(model, prompts, cfg.answer_tokens, temperature, seed, tok.eos_token_id, cfg.layers,
-                              cfg.top_k, pad)
+                              cfg.top_k, pad, states=cfg.states)
     for r in rows:
         del r["answer"]
     return rows
@@ -183,6 +173,19 @@ def _save_shard(folder: Path, name: str, tensors: dict[str, torch.Tensor], meta:
     _atomic_json(folder / f"{name}.json", meta)
 
 
+def states_from_record(model, record: Path, i: int, cfg: DistillConfig, folder: Path) -> dict:
+    """Shard i's states and top-k from its recorded ids (one teacher forward, no generation), into `folder`."""
+    name = f"shard_{i:05d}"
+    meta = json.loads((record / f"{name}.json").read_text())
+    t0 = time.time()
+    rows, plen = read_record(record, name)
+    tensors = teacher_pass(model, rows, cfg)
+    tensors["prompt_len"] = plen
+    meta["seconds"] = meta["seconds"] | {"teacher": round(time.time() - t0, 1)}
+    _save_shard(folder, name, tensors, meta)
+    return meta
+
+
 def shard_prompts(model, tok, i: int, cfg: DistillConfig, train: list[dict], passages: pool.Passages,
                   seen: set[str]) -> tuple[list[dict], dict]:
     """Shard i's prompts (deduplicated against `seen`, which grows) and the self-instruct counts."""
@@ -192,7 +195,9 @@ def shard_prompts(model, tok, i: int, cfg: DistillConfig, train: list[dict], pas
     per_group = max(1, (cfg.shard_prompts - len(rows)) // 6)
     requests = [r for g in pool.SELF_INSTRUCT_SEEDS for r in pool.self_instruct_requests(g, per_group, train, rng)]
     asked = [_chat(tok, r["messages"][0]["content"], cfg) for r in requests]
-    replies = generate_batch(model, tok, asked, 64, 1.0, seed=cfg.seed * 7919 + i) if asked else []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    replies = [r["answer"].tolist() for r in decode_with_states(model, asked, 64, 1.0, cfg.seed * 7919 + i,
+                                                                 tok.eos_token_id, (), 1, pad, states=False)]
     n_rejected = 0
     for r, reply in zip(requests, replies, strict=True):
         q = pool.clean_question(tok.decode(reply, skip_special_tokens=True))
@@ -213,7 +218,7 @@ def shard_prompts(model, tok, i: int, cfg: DistillConfig, train: list[dict], pas
 
 
 def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: set[str], folder: Path,
-                bar: tqdm) -> dict:
+                bar: tqdm, record: Path | None = None) -> dict:
     """Prompts, then answers with the target's outputs, for shard i; returns its meta (also written as its JSON)."""
     t0 = time.time()
     prompts, counts = shard_prompts(model, tok, i, cfg, train, passages, seen)
@@ -235,11 +240,15 @@ def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: s
     tensors["prompt_len"] = torch.tensor([len(x) for x in ids], dtype=torch.int32)
     n_ans = {j: len(rows[j]["ids"]) - len(ids[j]) for j in range(len(ids))}
     meta = {"shard": i, "split": "val" if i % cfg.val_every == cfg.val_every - 1 else "train",
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "rows": [{k: p[k] for k in ("group", "category", "source", "text")} | {"temperature": temps[j],
                       "prompt_tokens": len(ids[j]), "answer_tokens": n_ans[j]} for j, p in enumerate(prompts)],
             "answer_tokens": sum(n_ans.values()), "positions": int(tensors["ids"].numel()), **counts,
             "seconds": {"prompts": round(t_prompts, 1), "generate": round(t_gen, 1), "teacher": 0.0}}
-    _save_shard(folder, f"shard_{i:05d}", tensors, meta)
+    if record is not None:
+        save_record(record, f"shard_{i:05d}", tensors, meta)
+    if cfg.states:
+        _save_shard(folder, f"shard_{i:05d}", tensors, meta)
     return meta
 
 
@@ -296,31 +305,49 @@ def write_card(model, folder: Path, cfg: DistillConfig, command: str) -> dict:
     return card
 
 
-def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, command: str = "") -> dict:
-    """Build (or resume) the set until it holds cfg.tokens answer tokens; returns the card."""
+def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, command: str = "",
+          record: str | Path | None = None) -> dict:
+    """Build (or resume) the set until it holds cfg.tokens answer tokens; returns the card (the record's when
+    cfg.states is off). `record` (None: none) keeps every shard's ids: a recorded shard is never generated again,
+    only its states are rebuilt from it when cfg.states asks for them."""
     from dvi_lite.study import specbench
 
     cfg.check()
     folder = Path(folder) if folder is not None else distill_dir(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.tmp"):  # a write the last run was killed in
-        stale.unlink()
-    build_corpus_shard(model, tok, cfg, folder)
+    record = Path(record) if record is not None else None
+    if not cfg.states and record is None:
+        raise ValueError("states=False keeps only the token record: pass a record folder")
+    for where in (folder, record):
+        if where is not None and where.is_dir():
+            for stale in where.glob("*.tmp"):  # a write the last run was killed in
+                stale.unlink()
+    if cfg.states:
+        folder.mkdir(parents=True, exist_ok=True)
+        build_corpus_shard(model, tok, cfg, folder)
     train = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))
     passages = pool.Passages.from_corpus("train")
-    metas = done_shards(folder)
-    seen = {pool.normalise(r["text"]) for m in metas for r in m["rows"]}
-    have = sum(m["answer_tokens"] for m in metas)
+    metas = {m["shard"]: m for where in (record, folder if cfg.states else None) if where and where.is_dir()
+             for m in done_shards(where)}
+    seen = {pool.normalise(r["text"]) for m in metas.values() for r in m["rows"]}
+    have = sum(m["answer_tokens"] for m in metas.values())
     bar = tqdm(total=cfg.tokens, initial=min(have, cfg.tokens), unit="tok", unit_scale=True, desc="answer tokens",
                smoothing=0.05)
-    i = len(metas)
-    while have < cfg.tokens:
-        meta = build_shard(model, tok, i, cfg, train, passages, seen, folder, bar)
-        have += meta["answer_tokens"]
-        write_card(model, folder, cfg, command)
+    i, done = 0, 0
+    while done < cfg.tokens:
+        fresh = True
+        if i not in metas:  # a new shard: generated, recorded, and its states kept when asked
+            meta = build_shard(model, tok, i, cfg, train, passages, seen, folder, bar, record)
+        elif cfg.states and not (folder / f"shard_{i:05d}.json").is_file():  # recorded: rebuild its states only
+            meta = states_from_record(model, record, i, cfg, folder)
+        else:
+            meta, fresh = metas[i], False
+        for where in (folder if cfg.states else None, record):
+            if fresh and where is not None:
+                write_card(model, where, cfg, command)
+        done += meta["answer_tokens"]
         i += 1
     bar.close()
-    return write_card(model, folder, cfg, command)
+    return write_card(model, folder if cfg.states else record, cfg, command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-windows", type=int, default=DistillConfig.corpus_windows)
     ap.add_argument("--layers", type=int, nargs="+", default=list(DistillConfig.layers))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="folder (default: build/distill/<fingerprint>/)")
+    ap.add_argument("--out", default=None, help="folder of the states (default: build/distill/<fingerprint>/)")
+    ap.add_argument("--record", default=None,
+                    help="the committed token record (default: data/<model>/distill/, e.g. data/smollm2/distill/)")
+    ap.add_argument("--no-states", action="store_true",
+                    help="keep only the token record (a CPU's choice: states are one teacher forward away)")
     args = ap.parse_args(argv)
 
     def run() -> dict:
@@ -342,10 +373,11 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = DistillConfig(tokens=args.tokens, answer_tokens=args.answer_tokens, shard_prompts=args.shard_prompts,
                             gen_batch=args.gen_batch, corpus_windows=args.corpus_windows, layers=tuple(args.layers),
-                            seed=args.seed)
+                            seed=args.seed, states=not args.no_states)
         cfg.check()
         model, tok = load_model(args.model, dtype=args.dtype)
-        return build(model, tok, cfg, args.out, command_line("distill-data", argv))
+        record = args.record if args.record is not None else record_dir(model)
+        return build(model, tok, cfg, args.out, command_line("distill-data", argv), record)
 
     card = run_or_usage_error(ap, run)
     print(json.dumps({k: card[k] for k in ("shards", "answer_tokens", "positions", "generation_tokens_per_s")}))
