@@ -44,7 +44,7 @@ def test_shard_holds_every_position(built):
     assert t["ids"].shape == (n,) and t["top_ids"].shape == (n, 4) and t["top_logp"].shape == (n, 4)
     assert t["h2"].shape == (n, model.config.hidden_size) and f"h{model.config.num_hidden_layers}" in t
     meta = json.loads((folder / "shard_00000.json").read_text())
-    assert sum(r["prompt_tokens"] + r["answer_tokens"] for r in meta["rows"]) == n
+    assert sum(r["prompt_tokens"] + r["answer_tokens"] - 1 for r in meta["rows"]) == n  # no state after the last
     assert {r["source"] for r in meta["rows"]} <= {"specbench", "self_instruct", "template"}
     assert card["by_group"] and sum(g["answer_tokens"] for g in card["by_group"].values()) == card["answer_tokens"]
     # what the generating pass kept (KV-cached, left-padded) is one full forward over the same row, up to
@@ -187,9 +187,13 @@ def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_p
     assert card["shards"] == 1 and not (tmp_path / "unused").exists()
     assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json", "shard_00000.npz"]
     full = load_file(str(folder / "shard_00000.safetensors"))
-    rows, plen = rec.read_record(record, "shard_00000")
+    rows, plen = rec.read_record(record, "shard_00000", whole=False)
     assert [x for r in rows for x in r] == full["ids"].tolist() and torch.equal(plen, full["prompt_len"])
-    assert rec.token_rows(record, "train")[0] == (rows[0], int(plen[0]))
+    whole = rec.read_record(record, "shard_00000")[0]
+    meta = json.loads((record / "shard_00000.json").read_text())
+    assert [len(w) for w in whole] == [r["prompt_tokens"] + r["answer_tokens"] for r in meta["rows"]]
+    assert all(w[:-1] == r for w, r in zip(whole, rows, strict=True))
+    assert rec.token_rows(record, "train")[0] == (whole[0], int(plen[0]))
 
     def no_generation(*a, **k):
         raise AssertionError("a recorded shard was generated again")

@@ -158,8 +158,6 @@ def answers_with_states(model, tok, prompts: list[list[int]], cfg: DistillConfig
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = decode_with_states(model, prompts, cfg.answer_tokens, temperature, seed, tok.eos_token_id, cfg.layers,
                               cfg.top_k, pad, states=cfg.states)
-    for r in rows:
-        del r["answer"]
     return rows
 
 
@@ -178,7 +176,7 @@ def states_from_record(model, record: Path, i: int, cfg: DistillConfig, folder: 
     name = f"shard_{i:05d}"
     meta = json.loads((record / f"{name}.json").read_text())
     t0 = time.time()
-    rows, plen = read_record(record, name)
+    rows, plen = read_record(record, name, whole=False)
     tensors = teacher_pass(model, rows, cfg)
     tensors["prompt_len"] = plen
     meta["seconds"] = meta["seconds"] | {"teacher": round(time.time() - t0, 1)}
@@ -234,11 +232,13 @@ def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: s
         out = answers_with_states(model, tok, [ids[j] for j in idx], cfg, temp, seed=cfg.seed * 31 + i * 101 + b)
         for j, r in zip(idx, out, strict=True):
             rows[j], temps[j] = r, temp
-        bar.update(sum(len(r["ids"]) - len(ids[j]) for j, r in zip(idx, out, strict=True)))
+        bar.update(sum(len(r["answer"]) for r in out))
     t_gen = time.time() - t1
+    answers = [rows[j].pop("answer") for j in range(len(ids))]
+    last = torch.stack([a[-1] for a in answers])  # (R,): each row's last token, which no state follows
     tensors = flatten([rows[j] for j in range(len(ids))])
     tensors["prompt_len"] = torch.tensor([len(x) for x in ids], dtype=torch.int32)
-    n_ans = {j: len(rows[j]["ids"]) - len(ids[j]) for j in range(len(ids))}
+    n_ans = {j: len(answers[j]) for j in range(len(ids))}  # tokens generated (the states stop one before the end)
     meta = {"shard": i, "split": "val" if i % cfg.val_every == cfg.val_every - 1 else "train",
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "rows": [{k: p[k] for k in ("group", "category", "source", "text")} | {"temperature": temps[j],
@@ -246,7 +246,7 @@ def build_shard(model, tok, i: int, cfg: DistillConfig, train, passages, seen: s
             "answer_tokens": sum(n_ans.values()), "positions": int(tensors["ids"].numel()), **counts,
             "seconds": {"prompts": round(t_prompts, 1), "generate": round(t_gen, 1), "teacher": 0.0}}
     if record is not None:
-        save_record(record, f"shard_{i:05d}", tensors, meta)
+        save_record(record, f"shard_{i:05d}", tensors, last, meta)
     if cfg.states:
         _save_shard(folder, f"shard_{i:05d}", tensors, meta)
     return meta

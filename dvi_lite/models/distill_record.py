@@ -24,30 +24,37 @@ def record_dir(model) -> Path:
     return artifacts_dir(model) / "distill"
 
 
-def save_record(record: Path, name: str, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """A shard's ids (uint16 when the vocabulary fits, compressed), then its JSON, each written atomically:
-    the JSON marks the shard as recorded."""
+def save_record(record: Path, name: str, tensors: dict[str, torch.Tensor], last: torch.Tensor, meta: dict) -> None:
+    """A shard's whole rows, prompt + answer (the state-aligned `ids` plus each row's `last` token), as uint16 ids
+    when the vocabulary fits, compressed; then its JSON. Each file is written atomically, the JSON last: it marks
+    the shard as recorded."""
     record.mkdir(parents=True, exist_ok=True)
-    ids = tensors["ids"].numpy()
+    off = tensors["offsets"].tolist()
+    parts = [tensors["ids"][a:b] for a, b in zip(off[:-1], off[1:], strict=True)]
+    ids = torch.cat([torch.cat([p, t.view(1).to(p.dtype)]) for p, t in zip(parts, last, strict=True)]).numpy()
     tmp = record / f"{name}.npz.tmp"
     with open(tmp, "wb") as f:
         np.savez_compressed(f, ids=ids.astype(np.uint16) if ids.max(initial=0) < 2**16 else ids,
-                            offsets=tensors["offsets"].numpy(), prompt_len=tensors["prompt_len"].numpy())
+                            lengths=np.diff(off) + 1, prompt_len=tensors["prompt_len"].numpy())
     os.replace(tmp, record / f"{name}.npz")
     tmp = record / f"{name}.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, record / f"{name}.json")
 
 
-def read_record(record: Path, name: str) -> tuple[list[list[int]], torch.Tensor]:
-    """A recorded shard's rows (prompt + answer ids, without the last token, as in the states) and prompt_len (R,)."""
+def read_record(record: Path, name: str, whole: bool = True) -> tuple[list[list[int]], torch.Tensor]:
+    """A recorded shard's rows and prompt_len (R,). whole: prompt + answer; else without each row's last token,
+    the positions whose states the set keeps (every token but the last has a forward)."""
     with np.load(record / f"{name}.npz") as z:
-        ids, off, plen = z["ids"].astype(np.int64), z["offsets"].tolist(), torch.from_numpy(z["prompt_len"])
-    return [ids[a:b].tolist() for a, b in zip(off[:-1], off[1:], strict=True)], plen
+        ids, lengths, plen = z["ids"].astype(np.int64), z["lengths"], torch.from_numpy(z["prompt_len"])
+    ends = np.cumsum(lengths).tolist()
+    rows = [ids[e - n:e].tolist() for e, n in zip(ends, lengths.tolist(), strict=True)]
+    return (rows if whole else [r[:-1] for r in rows]), plen
 
 
 def token_rows(record: str | Path, split: str = "train") -> list[tuple[list[int], int]]:
-    """Every recorded row of a split as (ids, prompt_len): what a draft trained on the target's own tokens reads."""
+    """Every recorded row of a split as (prompt + answer ids, prompt_len): what a draft that learns from the
+    target's own tokens reads (the answer tokens are the target's: greedy, or a draw from p)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     record = Path(record)
