@@ -30,13 +30,18 @@ def head8(target8) -> EagleHead:
 TREE = dict(tree="dynamic", k=K, branch=2, max_nodes=6, temperature=0.7, top_k=4)  # the control's setting too
 
 
+CASES = {"chain": dict(tree="chain", k=K, temperature=1.0, min_run=3),  # plain temperature
+         "chain_top_p": dict(tree="chain", k=K, temperature=1.3, top_p=0.9, min_run=3),  # q filtered like p
+         "dynamic": dict(TREE, min_run=2, min_depth=3)}  # top-k, point-mass candidates
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["chain", "dynamic"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_eagle_is_lossless_under_sampling(target8, tok8, head8, case):
-    """The chain must accept 3 drafts in a row once (then the bonus token is drawn); the tree must verify 3-deep
-    proposals and accept 2-node paths (its untrained head's candidates rarely reach 3)."""
-    opts = dict(tree="chain", k=K, temperature=1.0, min_run=3) if case == "chain" else dict(TREE, min_run=2,
-                                                                                              min_depth=3)
+    """The chains must accept 3 drafts in a row once (then the bonus token is drawn); the tree must verify 3-deep
+    proposals and accept 2-node paths (its untrained head's candidates rarely reach 3). With the other cases,
+    EAGLE is tested under plain temperature, top-k and top-p."""
+    opts = CASES[case]
     rep = assert_lossless_sampling(target8, tok8, "eagle", max_new_tokens=NEW, head=head8, **opts)
     print(rep)
 
