@@ -207,3 +207,27 @@ def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_p
     torch.testing.assert_close(again["top_logp"].float(), full["top_logp"].float(), rtol=0.01, atol=0.01)
     with pytest.raises(ValueError, match="states=False keeps only the token record"):
         dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "x")
+
+
+def test_the_record_as_hard_labels_trains_an_sps_draft(course_model, tmp_path):
+    """record_as_teacher: the scored positions are exactly those whose next token is an answer token, each with
+    that token as its target; the SpS recipe trains on it unchanged (3 steps, held out on the val shard)."""
+    from dataclasses import replace
+
+    from dvi_lite.methods.sps.train import TrainConfig, distil
+    from dvi_lite.models import distill_record as rec
+
+    model, tok = course_model
+    record = tmp_path / "record"
+    card = dd.build(model, tok, replace(tiny(1), states=False, tokens=60), tmp_path / "unused", record=record)
+    assert card["shards"] >= 2 and card["val_shards"]  # val_every = 2: shard 1 is held out
+    rows = rec.token_rows(record, "train")
+    t = rec.record_as_teacher(record, "train", width=16)
+    assert t.n_tokens == sum(len(ids) - plen for ids, plen in rows)  # one target per answer token
+    i, j = t.mask.nonzero(as_tuple=True)
+    assert torch.equal(t.top_ids[i, j, 0], t.tokens[i, j + 1])  # the target is the next token in the row
+    val = rec.record_as_teacher(record, "val", width=16)
+    cfg = TrainConfig(layers=(0,), vocab=None, steps=3, batch_rows=2, warmup=1, autocast=False, milestones=())
+    out = distil(model, t, cfg, tmp_path / "sps", ckpt=tmp_path / "ckpt.pt", val=val)
+    assert out["final"]["val_tokens"] == val.n_tokens and 0 <= out["final"]["val_agreement"] <= 1
+    assert out["data"]["n_tokens"] == t.n_tokens

@@ -67,3 +67,46 @@ def token_rows(record: str | Path, split: str = "train") -> list[tuple[list[int]
             rows, plen = read_record(record, f"shard_{m['shard']:05d}")
             out += list(zip(rows, plen.tolist(), strict=True))
     return out
+
+
+def record_as_teacher(record: str | Path, split: str = "train", width: int = 256, max_tokens: int | None = None):
+    """The record's rows as a hard-label `TeacherData`: at every position whose next token is an answer token,
+    the target is that token with probability 1 (`top_ids` (N, W, 1), `top_logp` 0); elsewhere (prompt positions,
+    padding) `mask` is False. A recipe that distils soft top-k targets reads this unchanged and minimises the
+    cross-entropy of the target's own tokens: a greedy answer is p's argmax, a sampled one a draw from p, so in
+    expectation the loss is the soft one. No states: a recipe that needs them computes them from `tokens`.
+
+    Rows are cut into windows of `width` tokens (each keeps its own context only); windows with no answer
+    position are dropped. max_tokens stops once that many answer positions are in (a data-scaling budget).
+    """
+    from dvi_lite.core.checks import check_int
+    from dvi_lite.models.teacher import TeacherData
+
+    check_int("width", width, 2)
+    windows: list[tuple[list[int], int]] = []  # (ids, first target position in the window)
+    n_targets = 0
+    for ids, plen in token_rows(record, split):
+        for s in range(0, len(ids) - 1, width - 1):  # windows overlap by one token: every next token is a target
+            w = ids[s:s + width]
+            first = max(plen - 1 - s, 0)  # position in w whose next token is the first answer token
+            if first < len(w) - 1:
+                windows.append((w, first))
+                n_targets += len(w) - 1 - first
+        if max_tokens is not None and n_targets >= max_tokens:
+            break
+    if not windows:
+        raise ValueError(f"the {split!r} split of the record {record} has no answer token yet")
+    n, t = len(windows), max(len(w) for w, _ in windows)
+    tokens = torch.zeros(n, t, dtype=torch.long)
+    mask = torch.zeros(n, t, dtype=torch.bool)
+    top_ids = torch.zeros(n, t, 1, dtype=torch.long)
+    for i, (w, first) in enumerate(windows):
+        tokens[i, :len(w)] = torch.tensor(w)
+        mask[i, first:len(w) - 1] = True
+        top_ids[i, :len(w) - 1, 0] = tokens[i, 1:len(w)]
+    card = json.loads((Path(record) / "card.json").read_text())
+    card = {"model": card["model"], "source": str(record), "split": split, "width": width, "n_rows": n,
+            "n_tokens": int(mask.sum()), "labels": "hard (the target's own next token)", "config": card["config"],
+            "provenance": card["provenance"],
+            "set": {k: card[k] for k in ("shards", "answer_tokens", "positions")}}
+    return TeacherData(tokens, mask, {}, torch.zeros(0), top_ids, torch.zeros(n, t, 1, dtype=torch.float16), card)

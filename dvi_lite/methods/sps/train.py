@@ -71,8 +71,8 @@ def _map_targets(head, ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Ten
 
 def batch_loss(draft, teacher: TeacherData, rows: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     """Mean soft CE over the real positions of `rows`, and the top-1 agreement counts."""
-    mask = teacher.mask[rows]
-    t = int(mask.sum(1).max())
+    mask = teacher.mask[rows]  # (B, T) the positions scored (a prefix of each row, or its answer positions)
+    t = int((mask * torch.arange(1, mask.shape[1] + 1)).max())  # through the last scored position
     dev = draft.lm_head.weight.device
     x, mask = teacher.tokens[rows, :t].to(dev), mask[:, :t].to(dev)  # (B, T)
     ids, logp = _map_targets(draft.lm_head, teacher.top_ids[rows, :t].to(dev), teacher.top_logp[rows, :t].to(dev))
@@ -266,8 +266,12 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
         from dvi_lite.models.distill_reader import load_as_teacher
+        from dvi_lite.models.distill_record import record_as_teacher
 
-        train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
+        if (Path(data) / "corpus.json").is_file() or any(Path(data).glob("shard_*.safetensors")):
+            train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
+        else:  # the committed token record alone: hard labels, the target's own answer tokens
+            train, val = record_as_teacher(data, "train"), record_as_teacher(data, "val")
         return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
     teacher = teacher_for(model, tok)
     return distil(model, teacher, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab))
@@ -290,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--no-autocast", action="store_true", help="train in fp32 (the default where bf16 is slow: "
                     "a CPU without AVX-512)")
-    ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data); "
-                    "default: the small teacher set")
+    ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data), "
+                    "or its token record (data/smollm2/distill: hard labels); default: the small teacher set")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
     ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/sps)")
     ap.add_argument("--smoke", action="store_true", help="a tiny teacher and 3 steps (CI)")
