@@ -50,12 +50,17 @@ class SublayerCosts:
         return max(0.0, self.full - self.n_layers * (self.attn + self.mlp))
 
     def c(self, skip: Skip, trimmed: bool = False) -> float:
-        """A draft forward with `skip` relative to a full forward (trimmed: with the trimmed head)."""
+        """A draft forward with `skip` relative to a full forward (trimmed: with the trimmed head).
+
+        The full forward is priced as the sum of its parts (fixed + every sub-layer): when timing noise makes
+        the sub-layers add up to more than the timed whole, skipping nothing still costs exactly 1 and no draft
+        costs more than the target."""
         if trimmed and self.trimmed_head is None:
             raise ValueError("trimmed=True: these costs were measured without a trimmed head (pass vocab=...)")
         fixed = self.fixed - (self.head - self.trimmed_head if trimmed else 0.0)
         kept_attn, kept_mlp = self.n_layers - len(skip.attn), self.n_layers - len(skip.mlp)
-        return (fixed + kept_attn * self.attn + kept_mlp * self.mlp) / self.full
+        whole = self.fixed + self.n_layers * (self.attn + self.mlp)  # = max(full, the sub-layers' sum)
+        return (fixed + kept_attn * self.attn + kept_mlp * self.mlp) / whole
 
     def to_dict(self) -> dict:
         return {**asdict(self), "fixed": self.fixed}
