@@ -172,3 +172,30 @@ def test_medusa_prepare_on_the_set(built, tmp_path, monkeypatch):
     assert (out / "heads.pt").is_file() and card["steps"] == 3 and card["tokens_seen"] == 3 * 8
     assert card["data"]["val_data"]["split"] == "val" and card["curve"][-1]["step"] == 3
     assert [p["step"] for p in card["curve"]][:2] == [0, 1]  # the stopped run's point is kept
+
+
+def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
+    """`kangaroo-train --data RECORD` (the committed token record, no states): hard labels, the exit layer's
+    states computed from the ids (models/teacher.fill_states, equal to a full teacher forward's)."""
+    import json
+
+    from dvi_lite.methods.kangaroo import train as kt
+    from dvi_lite.models.distill_record import record_as_teacher
+    from dvi_lite.models.teacher import TeacherConfig, fill_states, teacher_outputs
+    from dvi_lite.models.vocab import save_vocab_map
+
+    model, tok, _ = built
+    record = tmp_path / "record"
+    card = dd.build(model, tok, replace(tiny(1), states=False, tokens=60), tmp_path / "unused", record=record)
+    assert card["val_shards"] and not rd.is_state_set(record)
+    data = fill_states(model, record_as_teacher(record, "train", width=16), (2,))
+    ref = teacher_outputs(model, data.tokens[:3].tolist(), TeacherConfig(layers=(2,), top_k=1, batch_size=3))
+    torch.testing.assert_close(data.state(2)[:3].float(), ref.states[2].float(), rtol=0.02, atol=0.02)
+    monkeypatch.setattr(kt, "BUILD_DIR", tmp_path / "build")
+    save_vocab_map(torch.arange(300), model, tmp_path / "v.pt")
+    args = ["--model", "course", "--data", str(record), "--split", "2", "--steps", "2", "--vocab",
+            str(tmp_path / "v.pt"), "--out", str(tmp_path / "a.pt")]
+    assert kt.main(args) == 0
+    out = json.loads((tmp_path / "a.json").read_text())
+    assert out["steps"] == 2 and out["val_data"]["split"] == "val" and out["curve"][-1]["val_tokens"] > 0
+    capsys.readouterr()

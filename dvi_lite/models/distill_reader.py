@@ -16,6 +16,12 @@ def done_shards(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("shard_*.json"))]
 
 
+def is_state_set(folder: str | Path) -> bool:
+    """Whether `folder` holds states (a distill-data folder under build/), not only the committed token record."""
+    folder = Path(folder)
+    return (folder / "corpus.json").is_file() or any(folder.glob("shard_*.safetensors"))
+
+
 def shard_files(folder: str | Path, split: str = "train", corpus: bool = True) -> list[Path]:
     """The finished shards of a split ("train" or "val"), in order; the corpus shard counts as train."""
     if split not in ("train", "val"):

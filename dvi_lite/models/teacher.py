@@ -63,6 +63,12 @@ class TeacherData:
     def n_tokens(self) -> int:
         return int(self.mask.sum())
 
+    def width(self, rows: torch.Tensor) -> int:
+        """Positions to keep when `rows` are cropped together: through the last scored position of any of them
+        (scored positions are a prefix of each row, or only its answer positions in hard-label data)."""
+        m = self.mask[rows]  # (B, T)
+        return int((m * torch.arange(1, m.shape[1] + 1)).max())
+
     def state(self, k: int) -> torch.Tensor:
         if k not in self.states:
             raise ValueError(f"the teacher data keeps the states after layers {sorted(self.states)}, not {k}; "
@@ -141,6 +147,30 @@ def teacher_outputs(model, rows: list[list[int]], cfg: TeacherConfig) -> Teacher
         v, i = logp.topk(cfg.top_k, dim=-1)
         top_ids[b:b + cfg.batch_size], top_logp[b:b + cfg.batch_size] = i.cpu(), v.cpu().half()
     return TeacherData(tokens, mask, states, final, top_ids, top_logp)
+
+
+@torch.no_grad()
+def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: int = 16) -> TeacherData:
+    """Add the states after `layers` to `data` (hard-label data from the token record has none): a forward through
+    the first max(layers) layers only, so an exit layer k costs k / n_layers of a full forward. Rows are
+    right-padded, and attention is causal, so a row's states do not depend on its padding."""
+    runner = Runner.for_model(model)
+    bad = [k for k in layers if not 1 <= k < runner.n_layers]
+    if bad:
+        raise ValueError(f"layers must lie in [1, {runner.n_layers - 1}] for this model, got {bad}")
+    need = sorted(set(layers) - set(data.states))
+    n, t = data.tokens.shape
+    for k in need:
+        data.states[k] = torch.zeros(n, t, model.config.hidden_size, dtype=torch.bfloat16)
+    for b in tqdm(range(0, n, batch_rows), desc=f"states after layers {need}", disable=not need):
+        x = data.tokens[b:b + batch_rows].to(runner.device)  # (B, T)
+        pos = torch.arange(t, device=x.device)[None].expand(x.shape[0], -1)
+        h, start = runner.embed(x), 0
+        for k in need:
+            h = runner.layers_forward(h, None, pos, start, k)  # (B, T, D)
+            start = k
+            data.states[k][b:b + batch_rows] = h.to("cpu", torch.bfloat16)
+    return data
 
 
 def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None, command: str = "") -> TeacherData:

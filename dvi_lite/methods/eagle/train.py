@@ -72,7 +72,7 @@ def fused_states(data: TeacherData, layers: tuple[int, ...], n_layers: int) -> l
 
 def batch(data: TeacherData, states: list[torch.Tensor], rows: torch.Tensor, device) -> dict:
     """Rows of the data cropped to their longest real row, on `device`: states fp32 (B, T, D), tokens, mask, top-k."""
-    t = int(data.mask[rows].sum(1).max())
+    t = data.width(rows)
     return {"states": [s[rows, :t].to(device, torch.float32) for s in states],
             "tokens": data.tokens[rows, :t].to(device), "mask": data.mask[rows, :t].to(device),
             "top_ids": data.top_ids[rows, :t].to(device), "top_logp": data.top_logp[rows, :t].to(device)}

@@ -135,7 +135,7 @@ def map_targets(head: TrimmedHead, top_ids: torch.Tensor, top_logp: torch.Tensor
 
 def teacher_batch(data: TeacherData, split: int, rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """Rows `rows` of the teacher data, cropped to their longest valid length: h (B, T, D) fp32, mask, top-k."""
-    t = int(data.mask[rows].sum(1).max())
+    t = data.width(rows)
     return {"h": data.state(split)[rows, :t].float(), "mask": data.mask[rows, :t],
             "top_ids": data.top_ids[rows, :t], "top_logp": data.top_logp[rows, :t], "tokens": data.tokens[rows, :t]}
 

@@ -164,11 +164,20 @@ def curve_dir(out: Path) -> Path:
     return Path(out).parent / "curve" / Path(out).stem
 
 
-def load_set(folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData]:
+def load_set(model, folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData]:
     """(train, held-out) of a self-distillation set (models/distill_data.py) with the states after exit layer
-    `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens."""
-    from dvi_lite.models.distill_reader import load_as_teacher
+    `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens.
+    From the committed token record alone (data/smollm2/distill/), the targets are the target's own answer
+    tokens and the states are computed here (the first `split` layers only)."""
+    from dvi_lite.models.distill_reader import is_state_set, load_as_teacher
 
+    if not is_state_set(folder):  # the committed token record: hard labels, states of the first k layers now
+        from dvi_lite.models.distill_record import record_as_teacher
+        from dvi_lite.models.teacher import fill_states
+
+        train = fill_states(model, record_as_teacher(folder, "train"), (split,))
+        val = fill_states(model, record_as_teacher(folder, "val", max_tokens=val_max_tokens), (split,))
+        return train, val
     train = load_as_teacher(folder, "train", layers=(split,), final=False)
     val = load_as_teacher(folder, "val", layers=(split,), final=False, max_tokens=val_max_tokens)
     return train, val
@@ -221,7 +230,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         ckpt = out_dir / "kangaroo" / "ckpt_smoke.pt"
     elif data is not None:
         tfile = Path(data)
-        data, val = load_set(tfile, cfg.split, cfg.val_max_tokens)
+        data, val = load_set(model, tfile, cfg.split, cfg.val_max_tokens)
         cfg = cfg if steps is not None else replace(cfg, steps=one_pass_steps(data, cfg.batch_rows))
         ckpt = set_ckpt(model, cfg.split, tfile, adapter_path(cfg.split, out_dir / "kangaroo"))
     else:
@@ -280,7 +289,7 @@ def _teacher_main(ap: argparse.ArgumentParser, args: argparse.Namespace, command
                                bf16=bf16_is_fast(next(model.parameters()).device))
         out = Path(args.out) if args.out else adapter_path(split, artifacts_dir(model) / "kangaroo")
         if args.data is not None:
-            data, val = load_set(args.data, split, cfg.val_max_tokens)
+            data, val = load_set(model, args.data, split, cfg.val_max_tokens)
             cfg = replace(cfg, steps=args.steps or one_pass_steps(data, cfg.batch_rows))
             return train_from_teacher(model, tok, data, cfg, out, True, command, args.data,
                                       set_ckpt(model, split, args.data, out), val=val)

@@ -71,8 +71,7 @@ def _map_targets(head, ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Ten
 
 def batch_loss(draft, teacher: TeacherData, rows: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     """Mean soft CE over the real positions of `rows`, and the top-1 agreement counts."""
-    mask = teacher.mask[rows]  # (B, T) the positions scored (a prefix of each row, or its answer positions)
-    t = int((mask * torch.arange(1, mask.shape[1] + 1)).max())  # through the last scored position
+    mask, t = teacher.mask[rows], teacher.width(rows)  # (B, T) the positions scored; t: through the last one
     dev = draft.lm_head.weight.device
     x, mask = teacher.tokens[rows, :t].to(dev), mask[:, :t].to(dev)  # (B, T)
     ids, logp = _map_targets(draft.lm_head, teacher.top_ids[rows, :t].to(dev), teacher.top_logp[rows, :t].to(dev))
@@ -265,10 +264,10 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             return distil(model, teacher, cfg, out_dir, command, resume=False, ckpt=Path(tmp) / "ckpt.pt",
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
-        from dvi_lite.models.distill_reader import load_as_teacher
+        from dvi_lite.models.distill_reader import is_state_set, load_as_teacher
         from dvi_lite.models.distill_record import record_as_teacher
 
-        if (Path(data) / "corpus.json").is_file() or any(Path(data).glob("shard_*.safetensors")):
+        if is_state_set(data):
             train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
         else:  # the committed token record alone: hard labels, the target's own answer tokens
             train, val = record_as_teacher(data, "train"), record_as_teacher(data, "val")
