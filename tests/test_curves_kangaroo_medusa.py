@@ -199,3 +199,36 @@ def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
     out = json.loads((tmp_path / "a.json").read_text())
     assert out["steps"] == 2 and out["val_data"]["split"] == "val" and out["curve"][-1]["val_tokens"] > 0
     capsys.readouterr()
+
+
+def test_medusa_and_eagle_train_on_the_token_record(built, tmp_path):
+    """load_distill on the token record: the final state is a full forward's (the Medusa heads' and EAGLE's
+    input), computed from the ids; both trainers take the hard-label data as they take the soft one."""
+    from dvi_lite.methods.eagle.head import HeadConfig
+    from dvi_lite.methods.eagle.train import EagleTrainConfig, train_eagle
+    from dvi_lite.methods.medusa.heads import MedusaHeads
+    from dvi_lite.methods.medusa.teacher_train import DistillConfig, distill_with_curve
+    from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+    from dvi_lite.models.vocab import resolve_vocab
+
+    model, tok, _ = built
+    record = tmp_path / "record"
+    dd.build(model, tok, replace(tiny(1), states=False, tokens=60), tmp_path / "unused", record=record)
+    n = model.config.num_hidden_layers
+    train = rd.load_distill(model, record, "train", layers=(2, n - 1), final=True, width=16)
+    val = rd.load_distill(model, record, "val", layers=(2, n - 1), final=True, width=16)
+    ref = teacher_outputs(model, train.tokens[:2].tolist(), TeacherConfig(layers=(2,), top_k=1, batch_size=2))
+    torch.testing.assert_close(train.final[:2].float(), ref.final.float(), rtol=0.02, atol=0.02)
+    assert train.card["labels"].startswith("hard") and set(train.states) == {2, n - 1}
+
+    trimmed = resolve_vocab(model, tok, torch.unique(train.top_ids).tolist())
+    cfg = DistillConfig(heads=2, steps=2, batch_size=8, warmup=1, vocab=None, branch=3, eval_positions=64,
+                        milestones=MILESTONES, ckpt_every_s=1e9)
+    done = distill_with_curve(MedusaHeads(model, 2, norm=True, shared_lm_head=True), train, trimmed, cfg,
+                              torch.arange(len(train.tokens)), tmp_path / "m.pt", progress=False, val=val,
+                              val_rows=torch.arange(len(val.tokens)), curve_dir=tmp_path / "m" / "curve")
+    assert not done["stopped"] and 0.0 <= done["curve"][-1]["val_agreement"] <= 1.0
+    ecfg = EagleTrainConfig(head=HeadConfig(layers=(2, n - 1, n), vocab=None), steps=2, batch_rows=2, warmup=1,
+                            ttt_steps=2, val_frac=0.2, eval_every=2, ckpt_every=2, bf16=False)
+    _, card = train_eagle(model, train, ecfg, tmp_path / "e", resume=False, progress=False)
+    assert card["steps"] == 2

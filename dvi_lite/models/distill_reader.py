@@ -100,3 +100,22 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
             "n_tokens": int(mask.sum()), "config": card["config"], "provenance": card["provenance"],
             "set": {k: card[k] for k in ("shards", "answer_tokens", "positions", "corpus_positions")}}
     return TeacherData(tokens, mask, states, last, top_ids, top_logp, card)
+
+
+def load_distill(model, folder: str | Path, split: str = "train", layers: tuple[int, ...] = (), final: bool = False,
+                 max_tokens: int | None = None, width: int = 256, corpus: bool = True):
+    """A split of the self-distillation set as `TeacherData`, from whichever form `folder` holds: a set with states
+    (build/distill/<fingerprint>/: soft top-k targets, `load_as_teacher`) or the committed token record alone
+    (data/smollm2/distill/: hard labels, `distill_record.record_as_teacher`), whose states after `layers` (and
+    the final state when `final`) are computed from the ids here (`teacher.fill_states`)."""
+    if is_state_set(folder):
+        return load_as_teacher(folder, split, layers, max_tokens, corpus, width, final)
+    from dvi_lite.models.distill_record import record_as_teacher
+    from dvi_lite.models.teacher import fill_states
+
+    n_layers = model.config.num_hidden_layers
+    data = fill_states(model, record_as_teacher(folder, split, width, max_tokens),
+                       tuple(layers) + ((n_layers,) if final else ()))
+    if final:
+        data.final = data.states.pop(n_layers)
+    return data

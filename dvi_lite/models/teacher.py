@@ -152,12 +152,13 @@ def teacher_outputs(model, rows: list[list[int]], cfg: TeacherConfig) -> Teacher
 @torch.no_grad()
 def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: int = 16) -> TeacherData:
     """Add the states after `layers` to `data` (hard-label data from the token record has none): a forward through
-    the first max(layers) layers only, so an exit layer k costs k / n_layers of a full forward. Rows are
-    right-padded, and attention is causal, so a row's states do not depend on its padding."""
+    the first max(layers) layers only, so an exit layer k costs k / n_layers of a full forward (k = n_layers: the
+    last layer's pre-norm state, a full forward). Rows are right-padded, and attention is causal, so a row's
+    states do not depend on its padding."""
     runner = Runner.for_model(model)
-    bad = [k for k in layers if not 1 <= k < runner.n_layers]
+    bad = [k for k in layers if not 1 <= k <= runner.n_layers]
     if bad:
-        raise ValueError(f"layers must lie in [1, {runner.n_layers - 1}] for this model, got {bad}")
+        raise ValueError(f"layers must lie in [1, {runner.n_layers}] for this model, got {bad}")
     need = sorted(set(layers) - set(data.states))
     n, t = data.tokens.shape
     for k in need:

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_on_set(args: argparse.Namespace, command: str) -> dict:
     """--data: the paper's recipe (paper.train_paper), or with --ablation its three arms over --seeds."""
-    from dvi_lite.models.distill_reader import load_as_teacher
+    from dvi_lite.models.distill_reader import load_distill
     from dvi_lite.models.loading import bf16_is_fast, load_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -201,8 +201,8 @@ def train_on_set(args: argparse.Namespace, command: str) -> dict:
                          max_new_tokens=args.max_new_tokens, k=args.k, vocab=vocab,
                          max_prompt_tokens=args.max_prompt_tokens, val_max_tokens=args.val_max_tokens,
                          eval_questions=args.eval_prompts, max_minutes=args.max_minutes).check()
-    train_set = load_as_teacher(args.data, "train", layers=(split,), width=256, final=False)
-    val_set = load_as_teacher(args.data, "val", layers=(split,), width=256, final=False, corpus=False)
+    train_set = load_distill(model, args.data, "train", layers=(split,))
+    val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False)
     from dvi_lite.models.artifacts import fingerprint
     from dvi_lite.paths import BUILD_DIR
 

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> dict:
         from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.distill_data import distill_dir
-        from dvi_lite.models.distill_reader import load_as_teacher
+        from dvi_lite.models.distill_reader import load_distill
         from dvi_lite.models.loading import load_model
 
         model, tok = load_model(args.model, dtype="float32")
@@ -250,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         n = model.config.num_hidden_layers
         layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
         folder = Path(args.data) if args.data else distill_dir(model)
-        data = load_as_teacher(folder, "train", layers=layers, max_tokens=args.max_tokens)
+        data = load_distill(model, folder, "train", layers=layers, final=True, max_tokens=args.max_tokens)
         try:
-            val = load_as_teacher(folder, "val", layers=layers)
+            val = load_distill(model, folder, "val", layers=layers, final=True)
         except ValueError:  # no held-out shard yet: hold out rows of the training split
             val = None
         out = Path(args.out) if args.out else artifacts_dir(model) / "eagle"

@@ -169,17 +169,10 @@ def load_set(model, folder: str | Path, split: int, val_max_tokens: int) -> tupl
     `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens.
     From the committed token record alone (data/smollm2/distill/), the targets are the target's own answer
     tokens and the states are computed here (the first `split` layers only)."""
-    from dvi_lite.models.distill_reader import is_state_set, load_as_teacher
+    from dvi_lite.models.distill_reader import load_distill
 
-    if not is_state_set(folder):  # the committed token record: hard labels, states of the first k layers now
-        from dvi_lite.models.distill_record import record_as_teacher
-        from dvi_lite.models.teacher import fill_states
-
-        train = fill_states(model, record_as_teacher(folder, "train"), (split,))
-        val = fill_states(model, record_as_teacher(folder, "val", max_tokens=val_max_tokens), (split,))
-        return train, val
-    train = load_as_teacher(folder, "train", layers=(split,), final=False)
-    val = load_as_teacher(folder, "val", layers=(split,), final=False, max_tokens=val_max_tokens)
+    train = load_distill(model, folder, "train", layers=(split,))
+    val = load_distill(model, folder, "val", layers=(split,), max_tokens=val_max_tokens)
     return train, val
 
 

@@ -85,12 +85,12 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         data = smoke_teacher(model, tok)
         ckpt = out_dir / "distill_ckpt.pt"
     elif data is not None:
-        from dvi_lite.models.distill_reader import load_as_teacher
+        from dvi_lite.models.distill_reader import load_distill
 
         cfg = DistillConfig()
         tpath = str(data)
-        val = load_as_teacher(data, "val", final=True, max_tokens=4 * cfg.eval_positions)
-        data = load_as_teacher(data, "train", final=True)
+        val = load_distill(model, data, "val", final=True, max_tokens=4 * cfg.eval_positions)
+        data = load_distill(model, data, "train", final=True)
         n_pos = int(positions(data.mask, torch.arange(data.tokens.shape[0]))[0].numel())
         cfg = DistillConfig(steps=max(1, math.ceil(n_pos / cfg.batch_size)))  # one pass over the positions
         tag = hashlib.sha1(f"{Path(tpath).resolve()}|{out_dir.resolve()}".encode()).hexdigest()[:8]

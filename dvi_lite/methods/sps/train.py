@@ -264,13 +264,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             return distil(model, teacher, cfg, out_dir, command, resume=False, ckpt=Path(tmp) / "ckpt.pt",
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
-        from dvi_lite.models.distill_reader import is_state_set, load_as_teacher
-        from dvi_lite.models.distill_record import record_as_teacher
+        from dvi_lite.models.distill_reader import load_distill
 
-        if is_state_set(data):
-            train, val = load_as_teacher(data, "train", final=False), load_as_teacher(data, "val", final=False)
-        else:  # the committed token record alone: hard labels, the target's own answer tokens
-            train, val = record_as_teacher(data, "train"), record_as_teacher(data, "val")
+        train, val = load_distill(model, data, "train"), load_distill(model, data, "val")
         return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
     teacher = teacher_for(model, tok)
     return distil(model, teacher, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab))
