@@ -216,13 +216,19 @@ def test_objective_scores_each_position_as_the_drafters_first_step(model):
 
 
 def test_objective_positions_cap_and_value(model):
-    from dvi_lite.methods.draft_verify.objective import SkipObjective, best_speedup, measure_sublayer_costs
+    from dvi_lite.methods.draft_verify.objective import (
+        SkipObjective,
+        SublayerCosts,
+        best_speedup,
+        measure_sublayer_costs,
+    )
 
     cal = _calibration(model, [(0, 11), (0, 8), (0, 6)], max_positions=3)
     assert cal.batches[0].pos[0].tolist() == [0, 5, 10] and cal.n_positions == 9
-    costs = measure_sublayer_costs(model, context=8, repeats=2)  # timings: only their form is checked
-    assert costs.attn >= 0 and costs.mlp >= 0 and costs.full > 0
-    assert costs.c(Skip()) == pytest.approx(1.0) and all(costs.c(s) <= 1.0 + 1e-9 for s in SKIPS if isinstance(s, Skip))
+    measured = measure_sublayer_costs(model, context=8, repeats=2)  # timings: only their form is checked
+    assert measured.attn >= 0 and measured.mlp >= 0 and measured.full > 0
+    assert measured.c(Skip()) == pytest.approx(1.0)  # by construction; c's arithmetic: the test below
+    costs = SublayerCosts(n_layers=4, attn=1.0, mlp=2.0, head=1.5, full=16.0)  # the objective on given costs
     v = {1: 1.0, 9: 1.1}
     f = SkipObjective(cal, costs, v, k_max=4)
     assert f(Skip()) == -best_speedup(1.0, costs.c(Skip()), v, 4)[0]
