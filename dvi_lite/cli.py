@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dvi": ("dvi_lite.methods.dvi.cli:main", "train DVI's exit head online (the CPU and GPU entry point)"),
     "draft-verify-search": ("dvi_lite.methods.draft_verify.search:main",
                             "search Draft & Verify's skip set by Bayesian optimisation"),
+    "curve-tau": ("dvi_lite.study.curves:main",
+                  "decode held-out questions with every learning-curve snapshot of a piece: tau and alpha"),
     "tree-attention": ("dvi_lite.methods.medusa.tree_attention_check:main",
                        "check the Triton tree-attention kernel against the sdpa reference"),
 }

@@ -200,6 +200,18 @@ def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
     assert out["steps"] == 2 and out["val_data"]["split"] == "val" and out["curve"][-1]["val_tokens"] > 0
     capsys.readouterr()
 
+    # tau along the curve: each snapshot decodes as the adapter (study/curves.py), rows joined with the card
+    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.study import curves
+
+    prompts = load_prompts()[:2]
+    rows = curves.curve_tau(model, tok, "kangaroo", kt.curve_dir(tmp_path / "a.pt"), prompts, 8, {"split": 2},
+                            progress=False)
+    assert [r["tokens"] for r in rows] == sorted(p["tokens"] for p in out["curve"][1:])
+    assert all(1.0 <= r["tau"] <= 1 + 6 and r["target_forwards"] > 0 for r in rows)
+    joined = curves.join_card(rows, out)
+    assert all("val_agreement" in r for r in joined)
+
 
 def test_medusa_and_eagle_train_on_the_token_record(built, tmp_path):
     """load_distill on the token record: the final state is a full forward's (the Medusa heads' and EAGLE's

@@ -111,6 +111,15 @@ def own_state(draft: PreTrainedModel) -> dict[str, torch.Tensor]:
     return {k: v for k, v in draft.model.state_dict().items() if k.startswith(("layers.", "norm."))}
 
 
+def draft_body(draft: PreTrainedModel, target: PreTrainedModel) -> dict:
+    """What a saved draft holds: own weights in fp16, source layers, vocabulary map, the target's fingerprint."""
+    head = draft.get_output_embeddings()
+    return {"state": {k: v.detach().to("cpu", torch.float16) for k, v in own_state(draft).items()},
+            "layers": list(getattr(draft, "dvi_source_layers", range(draft.config.num_hidden_layers))),
+            "vocab_ids": head.ids.to("cpu", torch.int32) if isinstance(head, TrimmedLMHead) else None,
+            "fingerprint": fingerprint(target)}
+
+
 def save_draft(draft: PreTrainedModel, target: PreTrainedModel, out_dir: str | Path, card: dict | None = None
                ) -> Path:
     """draft.pt (own weights in fp16, source layers, vocabulary map, target fingerprint) and card.json."""
@@ -118,13 +127,8 @@ def save_draft(draft: PreTrainedModel, target: PreTrainedModel, out_dir: str | P
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    head = draft.get_output_embeddings()
-    body = {"state": {k: v.detach().to("cpu", torch.float16) for k, v in own_state(draft).items()},
-            "layers": list(getattr(draft, "dvi_source_layers", range(draft.config.num_hidden_layers))),
-            "vocab_ids": head.ids.to("cpu", torch.int32) if isinstance(head, TrimmedLMHead) else None,
-            "fingerprint": fingerprint(target)}
     tmp = out / (DRAFT_FILE + ".tmp")
-    torch.save(body, tmp)
+    torch.save(draft_body(draft, target), tmp)
     os.replace(tmp, out / DRAFT_FILE)
     if card is not None:
         (out / CARD_FILE).write_text(json.dumps(card, indent=1) + "\n")

@@ -115,12 +115,13 @@ def val_rows_capped(teacher: TeacherData, rows: torch.Tensor, max_tokens: int) -
     return rows[: max(1, int((n < max_tokens).sum()) + 1)]
 
 
-def snapshot(draft, path: Path) -> None:
-    """The draft's own weights in fp16 (a learning-curve point, for measuring tau later), written atomically."""
+def snapshot(draft, target, path: Path) -> None:
+    """The draft as draft.pt holds it (own weights in fp16, source layers, vocabulary map, target fingerprint): a
+    learning-curve point that `load_draft(target, path)` loads, for measuring tau later. Written atomically."""
+    from dvi_lite.methods.sps.draft import draft_body
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", torch.float16) for k, v in draft.model.state_dict().items()
-             if k.startswith(("layers.", "norm."))}
-    torch.save(state, path.with_suffix(".tmp"))
+    torch.save(draft_body(draft, target), path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
 
 
@@ -187,7 +188,7 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
         if passed or step + 1 == cfg.steps or out_of_time:  # a learning-curve point
             draft.eval()
             curve.append({"tokens": seen, "step": step + 1, **evaluate(draft, val, val_rows, cfg)})
-            snapshot(draft, Path(out_dir) / "curve" / f"tokens_{seen}.pt")
+            snapshot(draft, target, Path(out_dir) / "curve" / f"tokens_{seen}.pt")
             draft.train()
         if time.time() - last > cfg.ckpt_every_s or step + 1 == cfg.steps or passed or out_of_time:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
