@@ -85,20 +85,27 @@ def test_kangaroo_learning_curve_and_a_time_stop_resumes_exactly(built, tmp_path
         train_from_teacher(model, tok, train, replace(stop, lr=0.5), b, resume=True, ckpt=tmp_path / "b.pt", val=val)
 
 
-def test_kangaroo_cli_on_the_set(built, tmp_path, monkeypatch, capsys):
-    """`kangaroo-train --data FOLDER`: the set's train shards train, its val shards give the curve."""
+def _kangaroo_cli(model, data: Path, tmp_path: Path, monkeypatch) -> tuple[dict, list[str]]:
+    """`kangaroo-train --data DATA` for 2 steps at exit layer 2 through a 300-token map: (its card, the args)."""
     import json
 
     from dvi_lite.methods.kangaroo import train as kt
     from dvi_lite.models.vocab import save_vocab_map
 
-    model, _, folder = built
     monkeypatch.setattr(kt, "BUILD_DIR", tmp_path / "build")
     save_vocab_map(torch.arange(300), model, tmp_path / "v.pt")
-    args = ["--model", "course", "--data", str(folder), "--split", "2", "--steps", "2", "--vocab",
+    args = ["--model", "course", "--data", str(data), "--split", "2", "--steps", "2", "--vocab",
             str(tmp_path / "v.pt"), "--out", str(tmp_path / "a.pt")]
     assert kt.main(args) == 0
-    card = json.loads((tmp_path / "a.json").read_text())
+    return json.loads((tmp_path / "a.json").read_text()), args
+
+
+def test_kangaroo_cli_on_the_set(built, tmp_path, monkeypatch, capsys):
+    """`kangaroo-train --data FOLDER`: the set's train shards train, its val shards give the curve."""
+    from dvi_lite.methods.kangaroo import train as kt
+
+    model, _, folder = built
+    card, args = _kangaroo_cli(model, folder, tmp_path, monkeypatch)
     assert card["steps"] == 2 and card["curve"][-1]["step"] == 2 and card["val_data"]["split"] == "val"
     assert card["command"].startswith("python -m dvi_lite kangaroo-train --model course --data")
     assert list((tmp_path / "build" / "ckpt").glob("kangaroo_set_k2_*.pt"))
@@ -177,12 +184,9 @@ def test_medusa_prepare_on_the_set(built, tmp_path, monkeypatch):
 def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
     """`kangaroo-train --data RECORD` (the committed token record, no states): hard labels, the exit layer's
     states computed from the ids (models/teacher.fill_states, equal to a full teacher forward's)."""
-    import json
-
     from dvi_lite.methods.kangaroo import train as kt
     from dvi_lite.models.distill_record import record_as_teacher
     from dvi_lite.models.teacher import TeacherConfig, fill_states, teacher_outputs
-    from dvi_lite.models.vocab import save_vocab_map
 
     model, tok, _ = built
     record = tmp_path / "record"
@@ -191,12 +195,7 @@ def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
     data = fill_states(model, record_as_teacher(record, "train", width=16), (2,))
     ref = teacher_outputs(model, data.tokens[:3].tolist(), TeacherConfig(layers=(2,), top_k=1, batch_size=3))
     torch.testing.assert_close(data.state(2)[:3].float(), ref.states[2].float(), rtol=0.02, atol=0.02)
-    monkeypatch.setattr(kt, "BUILD_DIR", tmp_path / "build")
-    save_vocab_map(torch.arange(300), model, tmp_path / "v.pt")
-    args = ["--model", "course", "--data", str(record), "--split", "2", "--steps", "2", "--vocab",
-            str(tmp_path / "v.pt"), "--out", str(tmp_path / "a.pt")]
-    assert kt.main(args) == 0
-    out = json.loads((tmp_path / "a.json").read_text())
+    out, _ = _kangaroo_cli(model, record, tmp_path, monkeypatch)
     assert out["steps"] == 2 and out["val_data"]["split"] == "val" and out["curve"][-1]["val_tokens"] > 0
     capsys.readouterr()
 
