@@ -104,3 +104,31 @@ def test_smollm2_pieces_are_committed_and_prepare_keeps_them(capsys):
     assert set(pieces) == {"vocabulary map"} | {name for name, *_ in SMOLLM2_RECIPES}
     for name, f in pieces.items():
         assert f.startswith(str(DATA_DIR / "smollm2")) and Path(f).is_file(), name
+
+
+CALLS: list[tuple[str, dict]] = []
+
+
+def recipe_reading_the_set(model_path, out_dir, command, smoke=False, data=None):
+    CALLS.append(("reads", {"data": data, "smoke": smoke}))
+
+
+def recipe_without_data(model_path, out_dir, command, smoke=False):
+    CALLS.append(("plain", {"smoke": smoke}))
+
+
+def test_prepare_smollm2_hands_the_set_to_the_recipes_that_read_one(monkeypatch, tmp_path, capsys):
+    """`prepare --model smollm2 --data FOLDER`: the set goes to each recipe that takes `data`, not to the others;
+    another model refuses it with the reason."""
+    from dvi_lite.models import vocab
+    from dvi_lite.study import prepare as prep
+
+    monkeypatch.setattr(prep, "SMOLLM2_RECIPES", (("a", f"{__name__}:recipe_reading_the_set", ".", "a.pt"),
+                                                  ("b", f"{__name__}:recipe_without_data", ".", "b.pt")))
+    monkeypatch.setattr(vocab, "build_vocab_map", lambda *a, **k: None)
+    CALLS.clear()
+    prep.prepare("smollm2", prep.PrepareConfig.smoke(), force=True, data=tmp_path / "set")
+    assert CALLS == [("reads", {"data": tmp_path / "set", "smoke": True}), ("plain", {"smoke": True})]
+    assert "the self-distillation set" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="data .* is read by SmolLM2's recipes only"):
+        prep.prepare("course", prep.PrepareConfig(), data=tmp_path / "set")
