@@ -237,3 +237,21 @@ def test_the_record_as_hard_labels_trains_an_sps_draft(course_model, tmp_path):
     rows = curves.curve_tau(model, tok, "sps", tmp_path / "sps" / "curve", load_prompts()[:2], 6, {"k": 3},
                             progress=False)  # the final snapshot loads as a draft and decodes
     assert [r["tokens"] for r in rows] == [out["tokens_seen"]] and 1.0 <= rows[0]["tau"] <= 1 + 3
+
+
+def test_a_set_without_a_held_out_shard_yet(course_model, tmp_path):
+    """The first held-out shard is the val_every-th: before it, missing_ok gives None (the recipes hold out rows
+    of their own), and without missing_ok the error says why."""
+    from dataclasses import replace
+
+    from dvi_lite.methods.kangaroo.train import load_set
+    from dvi_lite.models import distill_reader as rd
+
+    model, tok = course_model
+    record = tmp_path / "record"
+    dd.build(model, tok, replace(tiny(1), states=False, val_every=5), tmp_path / "unused", record=record)
+    assert rd.load_distill(model, record, "val", missing_ok=True) is None
+    with pytest.raises(ValueError, match="has no answer token yet"):
+        rd.load_distill(model, record, "val")
+    train, val = load_set(model, record, 2, 1000)
+    assert val is None and train.state(2).shape[:2] == train.tokens.shape

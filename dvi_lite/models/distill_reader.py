@@ -103,11 +103,19 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
 
 
 def load_distill(model, folder: str | Path, split: str = "train", layers: tuple[int, ...] = (), final: bool = False,
-                 max_tokens: int | None = None, width: int = 256, corpus: bool = True):
+                 max_tokens: int | None = None, width: int = 256, corpus: bool = True, missing_ok: bool = False):
     """A split of the self-distillation set as `TeacherData`, from whichever form `folder` holds: a set with states
     (build/distill/<fingerprint>/: soft top-k targets, `load_as_teacher`) or the committed token record alone
     (data/smollm2/distill/: hard labels, `distill_record.record_as_teacher`), whose states after `layers` (and
-    the final state when `final`) are computed from the ids here (`teacher.fill_states`)."""
+    the final state when `final`) are computed from the ids here (`teacher.fill_states`). missing_ok: None when the
+    split has no shard yet (the first held-out shard is the 20th), so a recipe can hold out rows of its own."""
+    if missing_ok:
+        try:
+            return load_distill(model, folder, split, layers, final, max_tokens, width, corpus)
+        except ValueError as e:
+            if "no finished shard yet" in str(e) or "no answer token yet" in str(e):
+                return None
+            raise
     if is_state_set(folder):
         return load_as_teacher(folder, split, layers, max_tokens, corpus, width, final)
     from dvi_lite.models.distill_record import record_as_teacher

@@ -251,10 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
         folder = Path(args.data) if args.data else distill_dir(model)
         data = load_distill(model, folder, "train", layers=layers, final=True, max_tokens=args.max_tokens)
-        try:
-            val = load_distill(model, folder, "val", layers=layers, final=True)
-        except ValueError:  # no held-out shard yet: hold out rows of the training split
-            val = None
+        val = load_distill(model, folder, "val", layers=layers, final=True, missing_ok=True)  # None: rows held out
         out = Path(args.out) if args.out else artifacts_dir(model) / "eagle"
         ids = committed_vocab(model, cfg.head.vocab, tok)
         return train_eagle(model, data, cfg, out, not args.no_resume, val, ids,

@@ -164,15 +164,16 @@ def curve_dir(out: Path) -> Path:
     return Path(out).parent / "curve" / Path(out).stem
 
 
-def load_set(model, folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData]:
+def load_set(model, folder: str | Path, split: int, val_max_tokens: int) -> tuple[TeacherData, TeacherData | None]:
     """(train, held-out) of a self-distillation set (models/distill_data.py) with the states after exit layer
     `split`, cut into 256-position windows; the held-out part stops at the shard that reaches val_max_tokens.
     From the committed token record alone (data/smollm2/distill/), the targets are the target's own answer
-    tokens and the states are computed here (the first `split` layers only)."""
+    tokens and the states are computed here (the first `split` layers only). Held-out None: no val shard yet (the
+    fit holds out rows of the training split instead)."""
     from dvi_lite.models.distill_reader import load_distill
 
     train = load_distill(model, folder, "train", layers=(split,))
-    val = load_distill(model, folder, "val", layers=(split,), max_tokens=val_max_tokens)
+    val = load_distill(model, folder, "val", layers=(split,), max_tokens=val_max_tokens, missing_ok=True)
     return train, val
 
 

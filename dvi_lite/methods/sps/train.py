@@ -267,7 +267,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
         from dvi_lite.models.distill_reader import load_distill
 
-        train, val = load_distill(model, data, "train"), load_distill(model, data, "val")
+        train, val = load_distill(model, data, "train"), load_distill(model, data, "val", missing_ok=True)
         return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
     teacher = teacher_for(model, tok)
     return distil(model, teacher, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab))
