@@ -175,3 +175,26 @@ def test_save_and_load_round_trip(target, head, tmp_path, tok, prompts):
         load_head(make_target(seed=5), path)
     with pytest.raises(FileNotFoundError, match="eagle-train"):
         load_head(target, tmp_path / "absent.pt")
+
+
+def test_the_tree_budget_is_chosen_by_the_cost_model():
+    """eagle-budget's core on the course model with an untrained head, v and c given (no timing): a row per N
+    with tau in [1, 1 + K], the prediction tau / (v(N + 1) + K c), and the best N the one predicting most."""
+    import dvi_lite
+    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.methods.eagle.budget import budget_rows
+    from dvi_lite.methods.eagle.head import EagleHead
+    from dvi_lite.study.cost import predicted_speedup
+
+    model, tok = dvi_lite.load_model("course", dtype="float32")
+    v = {1: 1.0, 5: 1.1, 9: 1.3, 17: 2.0}
+    out = budget_rows(model, tok, load_prompts()[:2], v, 0.05, nodes=(2, 8), k=3, head=EagleHead(model).eval(),
+                      max_new_tokens=8)
+    assert [r["nodes"] for r in out["rows"]] == [2, 8]
+    for r in out["rows"]:
+        assert 1.0 <= r["tau"] <= 1 + 3
+        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["tau"], 3, 0.05, v, nodes=r["nodes"]),
+                                                       abs=1e-4)
+    assert out["best_nodes"] == max(out["rows"], key=lambda r: r["predicted_speedup"])["nodes"]
+    with pytest.raises(ValueError, match="nodes"):
+        budget_rows(model, tok, load_prompts()[:1], v, 0.05, nodes=(0,), k=3)
