@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> dict:
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.provenance import provenance
+        from dvi_lite.study.provenance import write_result
         from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         check_int("questions", args.questions, 1, EVAL_QUESTIONS)
@@ -104,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.card:
             rows = join_card(rows, json.loads(Path(args.card).read_text()))
         out = {"method": args.method, "model": args.model, "dtype": args.dtype, "questions": args.questions,
-               "max_new_tokens": args.max_new_tokens, "greedy": True, "rows": rows,
-               "provenance": provenance(command_line("curve-tau", argv))}
+               "max_new_tokens": args.max_new_tokens, "greedy": True, "rows": rows}
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+            write_result(Path(args.json).stem, out, command_line("curve-tau", argv), out_dir=Path(args.json).parent)
         return out
 
     out = run_or_usage_error(ap, run)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.models.loading import load_model
         from dvi_lite.study.bench import bench
         from dvi_lite.study.cost import verify_cost
-        from dvi_lite.study.provenance import provenance
+        from dvi_lite.study.provenance import write_result
         from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         model, tok = load_model(args.model, dtype=args.dtype)
@@ -70,11 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         res = bench(model, tok, prompts[:2], ["ar", f"eagle:k={args.k}"], max_new_tokens=32, repeats=1, v=v)
         c = res[f"eagle:k={args.k}"]["c"]
         out = budget_rows(model, tok, prompts, v, c, tuple(args.nodes), args.k, max_new_tokens=args.max_new_tokens)
-        out |= {"model": args.model, "dtype": args.dtype, "questions": args.questions,
-                "provenance": provenance(command_line("eagle-budget", argv))}
+        out |= {"model": args.model, "dtype": args.dtype, "questions": args.questions}
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+            write_result(Path(args.json).stem, out, command_line("eagle-budget", argv), out_dir=Path(args.json).parent)
         return out
 
     out = run_or_usage_error(ap, run)
