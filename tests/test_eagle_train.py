@@ -103,6 +103,24 @@ def test_smoke_training_lowers_the_loss_and_resumes_bit_exact(course_teacher, tm
         train_eagle(model, data, EagleTrainConfig(**{**CFG, "lr": 1e-3}), tmp_path / "b", progress=False)
     loaded = load_head(model, tmp_path / "a" / "head.pt")  # the half-precision file drafts
     assert loaded.layers == (2, 6, 9)
+    snaps = sorted((tmp_path / "a" / "curve").glob("tokens_*.pt"))  # one snapshot per curve point, each a head
+    assert sorted(int(p.stem.split("_")[1]) for p in snaps) == sorted(c["tokens_seen"] for c in card_a["curve"])
+    assert load_head(model, snaps[0]).layers == (2, 6, 9)
+
+
+def test_a_time_budget_stops_at_a_curve_point_and_resumes_to_the_same_head(course_teacher, tmp_path):
+    model, data = course_teacher
+    whole, _ = train_eagle(model, data, EagleTrainConfig(**CFG), tmp_path / "a", resume=False, progress=False)
+    stop = EagleTrainConfig(**{**CFG, "max_minutes": 0.0})  # every call stops after one step, checkpointed
+    head, out = train_eagle(model, data, stop, tmp_path / "b", resume=False, progress=False)
+    assert out["stopped"] and out["step"] == 1 and (tmp_path / "b" / "curve").is_dir()
+    calls = 1
+    while out.get("stopped"):
+        head, out = train_eagle(model, data, stop, tmp_path / "b", resume=True, progress=False)
+        calls += 1
+    assert calls == 8 and out["steps"] == 8
+    for k, v in whole.state_dict().items():
+        assert torch.equal(v, head.state_dict()[k]), k
 
 
 def test_bad_settings_are_named(course_teacher, tmp_path):

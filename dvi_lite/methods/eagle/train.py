@@ -12,7 +12,9 @@ temporary file renamed) every `ckpt_every` steps and every `ckpt_every_s` second
 optimiser and the data order's generator, so a killed run resumed from its checkpoint ends bit-exact with an
 uninterrupted one. The held-out numbers are the top-1 agreement of each draft step with the teacher (step 0:
 the first draft token's teacher-forced acceptance) and the loss, before training, every `eval_every` steps
-(the learning curve, against tokens seen) and at the end.
+(the learning curve, against tokens seen) and at the end. Each curve point keeps an fp16 snapshot of the head
+(`out/curve/tokens_<n>.pt`, save_head's file) for measuring tau later (`python -m dvi_lite curve-tau`);
+`max_minutes` stops a run at a curve point with a checkpoint, and the same call resumes it.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class EagleTrainConfig:
     ckpt_every: int = 0  # steps between checkpoints (0 = by time only)
     ckpt_every_s: float = 120.0  # seconds between checkpoints
     seed: int = 0  # row split and data order
+    max_minutes: float | None = None  # stop (checkpointed, resumable) once training has taken this long in all
 
     def check(self) -> None:
         check_int("ttt_steps", self.ttt_steps, 1, 8, what="unrolled draft steps per position")
@@ -157,7 +160,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
     step, tokens, elapsed, log, curve, init = 0, 0, 0.0, [], [], None
     if resume and ckpt.is_file():
         ck = torch.load(ckpt, weights_only=False)
-        if ck["cfg"] != asdict(cfg):
+        if _recipe(ck["cfg"]) != _recipe(asdict(cfg)):
             raise ValueError(f"checkpoint {ckpt} was written with another config; delete it or pass resume=False")
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
@@ -180,16 +183,25 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
         bar.set_postfix(loss=f"{loss.item():.3f}")
         log.append({"step": step + 1, "loss": round(loss.item(), 5), "tokens": tokens,
                     "agree0": stats[0]["agree"] / max(1, stats[0]["n"])})
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+        out_of_time = cfg.max_minutes is not None and time.time() - t0 > 60 * cfg.max_minutes
+        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or out_of_time:  # a curve point and its snapshot
             curve.append({"step": step + 1, "tokens_seen": tokens, **evaluate(head, val, val_states, val_rows, cfg)})
+            save_head(head, out_dir / "curve" / f"tokens_{tokens}.pt")
         done = step + 1 == cfg.steps
-        if done or (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or time.time() - last > cfg.ckpt_every_s:
+        if done or out_of_time or (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) \
+                or time.time() - last > cfg.ckpt_every_s:
             _save_ckpt(ckpt, {"cfg": asdict(cfg), "head": head.state_dict(), "opt": opt.state_dict(),
                               "gen": gen.get_state(), "step": step + 1, "tokens": tokens, "log": log, "curve": curve,
                               "init": init, "elapsed": time.time() - t0})
             last = time.time()
         if on_step is not None:
             on_step(step + 1)
+        if out_of_time and not done:
+            bar.close()
+            print(f"stopped after {cfg.max_minutes} min at step {step + 1} ({tokens} tokens seen): run the same "
+                  "command again to resume")
+            return head, {"stopped": True, "step": step + 1, "steps": cfg.steps, "train_tokens_seen": tokens,
+                          "init": init, "final": curve[-1], "curve": curve, "wall_time_s": round(time.time() - t0, 1)}
     head.eval()
     final = evaluate(head, val, val_states, val_rows, cfg)
     path = save_head(head, out_dir / "head.pt")
@@ -202,6 +214,11 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
             "wall_time_s": round(time.time() - t0, 1), "command": command}
     (out_dir / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
     return head, card
+
+
+def _recipe(cfg: dict) -> dict:
+    """What a checkpoint must match to be resumed: the config without the time budget."""
+    return {k: v for k, v in cfg.items() if k != "max_minutes"}
 
 
 def committed_vocab(model, n: int | None, tokenizer=None) -> torch.Tensor | None:
@@ -234,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="read shards until this many positions")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (a GPU; on an AVX2-only CPU fp32 is faster)")
     ap.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
     ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/eagle)")
     args = ap.parse_args(argv)
 
@@ -246,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         model, tok = load_model(args.model, dtype="float32")
         cfg = EagleTrainConfig(head=HeadConfig(tuple(args.layers) if args.layers else None, None, args.vocab or None),
                                ttt_steps=args.ttt_steps, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
-                               bf16=args.bf16)
+                               bf16=args.bf16, max_minutes=args.max_minutes)
         n = model.config.num_hidden_layers
         layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
         folder = Path(args.data) if args.data else distill_dir(model)
