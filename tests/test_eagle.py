@@ -78,7 +78,8 @@ def test_features_from_verification_equal_a_full_forward(target, tok, head, tree
 
 
 @pytest.mark.parametrize("tree, opts", [("chain", {"k": 4}), ("dynamic", {"k": 4}),
-                                        ("dynamic", {"k": 3, "branch": 2, "max_nodes": 5})])
+                                        ("dynamic", {"k": 3, "branch": 2, "max_nodes": 5}),
+                                        ("dynamic", {"k": 4, "branch": 2, "max_nodes": 4, "lookup": True})])
 def test_greedy_equals_ar_on_tiny_models(target, tok, prompts, head, tree, opts):
     accepted = 0
     for p in prompts[:6]:
@@ -144,7 +145,10 @@ def test_dynamic_tree_is_a_reranked_tree(target, head):
 
 def test_options_are_checked_and_named(target, head):
     m = get_method("eagle")
-    assert m.resolve() == {"head": None, "k": 5, "tree": "dynamic", "branch": None, "max_nodes": None}
+    assert m.resolve() == {"head": None, "k": 5, "tree": "dynamic", "branch": None, "max_nodes": None,
+                           "lookup": False}
+    with pytest.raises(ValueError, match=r"lookup merges a prompt-lookup branch into the tree"):
+        make_drafter(target, None, head=head, tree="chain", lookup=True)
     with pytest.raises(ValueError, match=r"eagle option 'tree' must be one of \['chain', 'dynamic'\]"):
         m.resolve(tree="beam")
     with pytest.raises(ValueError, match=r"eagle option 'max_nodes' .* must be an int >= 1"):
@@ -198,3 +202,28 @@ def test_the_tree_budget_is_chosen_by_the_cost_model():
     assert out["best_nodes"] == max(out["rows"], key=lambda r: r["predicted_speedup"])["nodes"]
     with pytest.raises(ValueError, match="nodes"):
         budget_rows(model, tok, load_prompts()[:1], v, 0.05, nodes=(0,), k=3)
+
+
+def test_a_copy_merges_into_the_tree_as_distinct_siblings(target, head):
+    """The prompt-lookup copy follows the tree's nodes while tokens agree, then grows a chain of new nodes; no node
+    gets two children with one token (the recursive rejection needs distinct siblings)."""
+    from dvi_lite.core.engine import Proposal
+
+    tree = Proposal(torch.tensor([5, 7, 9, 3]), None, torch.tensor([-1, -1, 0, 0]))  # 5 -> {9, 3}; 7
+    merged = EagleDrafter._merge_copy(tree, [5, 3, 8, 1])  # follows 5 -> 3, then new 8 -> 1
+    assert merged.tokens.tolist() == [5, 7, 9, 3, 8, 1] and merged.parents.tolist() == [-1, -1, 0, 0, 3, 4]
+    assert EagleDrafter._merge_copy(tree, [6]).parents.tolist() == [-1, -1, 0, 0, -1]  # a new root child
+    assert EagleDrafter._merge_copy(tree, []) is tree
+    for p in (merged.parents.tolist(),):
+        kids = [(pa, t) for pa, t in zip(p, merged.tokens.tolist(), strict=True)]
+        assert len(kids) == len(set(kids))
+
+
+def test_the_lookup_branch_adds_nodes_and_stays_lossless(target, tok, head):
+    """On a repeating prompt the copy adds nodes beyond the head's max_nodes, and greedy tokens are still AR's."""
+    prompt = [5, 1, 2, 6, 3, 5, 1, 2, 6, 3, 5, 1]
+    ref = dvi_lite.generate(target, tok, prompt, method="ar", max_new_tokens=16, stop_at_eos=False).token_ids
+    out = dvi_lite.generate(target, tok, prompt, method="eagle", max_new_tokens=16, stop_at_eos=False, head=head,
+                            k=4, branch=2, max_nodes=3, lookup=True)
+    assert out.token_ids == ref
+    assert max(s.drafted for s in out.stats.steps) > 3  # some proposal held copied nodes beyond the tree's 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import PROMPT8, assert_lossless_sampling, lossless_report
+from test_lossless import PLD_PROMPT
 
 from dvi_lite.core import engine
 from dvi_lite.core.sampling import sample
@@ -32,7 +33,9 @@ TREE = dict(tree="dynamic", k=K, branch=2, max_nodes=6, temperature=0.7, top_k=4
 
 CASES = {"chain": dict(tree="chain", k=K, temperature=1.0, min_run=3),  # plain temperature
          "chain_top_p": dict(tree="chain", k=K, temperature=1.3, top_p=0.9, min_run=3),  # q filtered like p
-         "dynamic": dict(TREE, min_run=2, min_depth=3)}  # top-k, point-mass candidates
+         "dynamic": dict(TREE, min_run=2, min_depth=3),  # top-k, point-mass candidates
+         # the tree with a prompt-lookup copy merged in, on a prompt whose copies are 3 deep
+         "dynamic_lookup": dict(TREE, lookup=True, prompt=PLD_PROMPT, min_run=2, min_depth=3)}
 
 
 @pytest.mark.slow

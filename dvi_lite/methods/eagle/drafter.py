@@ -21,6 +21,12 @@ are reranked by cumulative log-probability and the best `max_nodes` kept. A path
 set is closed under ancestors: a tree. Its candidates are deterministic given the context, so under sampling they
 are verified as point masses (q = None): the shared tree verifier's recursive rejection, child after child with the
 residual, keeps the output law exactly the target's.
+
+Prompt-lookup branch (lookup=True, dynamic tree only): the tokens that followed the last earlier match of the
+context's suffix (methods/pld.py) are merged into the same tree: the copy follows the tree's nodes while their
+tokens agree and continues as a chain of new nodes where it leaves them. Siblings stay distinct tokens, every
+node is still a point mass, so verification is unchanged and lossless; the copy costs no head step, only up
+to k more nodes in the verify forward.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner, chain_mask
 from dvi_lite.methods.eagle.head import EagleHead, load_head
+from dvi_lite.methods.pld import PromptLookupDrafter
 from dvi_lite.models.artifacts import fingerprint
 
 TREES = ("chain", "dynamic")
@@ -46,7 +53,7 @@ class EagleDrafter(Drafter):
     name = "eagle"
 
     def __init__(self, runner: Runner, head: EagleHead, k: int = 5, tree: str = "dynamic",
-                 branch: int | None = None, max_nodes: int | None = None):
+                 branch: int | None = None, max_nodes: int | None = None, lookup: bool = False):
         if not isinstance(head, EagleHead):
             raise ValueError(f"head must be an EagleHead, a path or None, got {type(head).__name__}")
         if head.model_fingerprint != fingerprint(runner.model):
@@ -60,7 +67,13 @@ class EagleDrafter(Drafter):
         self.branch = check_int("branch (children per expanded node)", DEFAULT_BRANCH if branch is None else branch, 1)
         self.max_nodes = check_int("max_nodes (nodes verified)",
                                    DEFAULT_MAX_NODES if max_nodes is None else max_nodes, 1)
-        self.max_draft = self.k if self.tree == "chain" else self.max_nodes  # the target cache room of one proposal
+        if not isinstance(lookup, bool):
+            raise ValueError(f"lookup must be True or False, got {lookup!r}")
+        if lookup and self.tree == "chain":
+            raise ValueError("lookup merges a prompt-lookup branch into the tree: use it with tree='dynamic'")
+        self.lookup = PromptLookupDrafter(self.k, max_ngram=3) if lookup else None
+        # the target cache room of one proposal: the tree, and the copy's new nodes
+        self.max_draft = self.k if self.tree == "chain" else self.max_nodes + (self.k if lookup else 0)
         self.capture_layers = tuple(sorted(set(head.layers)))
         self.log: list[dict] = []
 
@@ -75,6 +88,8 @@ class EagleDrafter(Drafter):
         self.todo_f = [self._fused(state.prefill_hidden)]  # (1, T, D): F_0 .. F_{T-1}
         self.todo_t = prompt[0, 1:].tolist() + [state.pending]  # x_1 .. x_T (x_T = pending)
         self.base = 0
+        if self.lookup is not None:
+            self.lookup.prefill(state, prompt)
 
     def _fused(self, states: dict) -> torch.Tensor:
         return self.head.fuse([states[k] for k in self.head.layers])  # (1, n, D)
@@ -103,7 +118,27 @@ class EagleDrafter(Drafter):
         g, logits = self._feed()
         if self.tree == "chain":
             return self._chain(state, g, logits, depth)
-        return self._dynamic_tree(g, logits, depth, dev)
+        prop = self._dynamic_tree(g, logits, depth, dev)
+        return prop if self.lookup is None else self._merge_copy(prop, self.lookup.lookup(state.tokens, depth))
+
+    @staticmethod
+    def _merge_copy(prop: Proposal, copy: list[int]) -> Proposal:
+        """The tree with a copied chain merged in: follow existing children while tokens agree, then append."""
+        if not copy:
+            return prop
+        tokens, parents = prop.tokens.tolist(), prop.parents.tolist()
+        node = -1
+        for t in copy:
+            child = next((i for i, (tk, pa) in enumerate(zip(tokens, parents, strict=True)) if pa == node and tk == t),
+                         None)
+            if child is None:
+                tokens.append(t)
+                parents.append(node)
+                child = len(tokens) - 1
+            node = child
+        dev = prop.tokens.device
+        return Proposal(torch.tensor(tokens, device=dev), None, torch.tensor(parents, device=dev),
+                        capture=prop.capture)
 
     def _chain(self, state: DecodeState, g: torch.Tensor, logits: torch.Tensor, depth: int) -> Proposal:
         """k tokens in a row: q = the head's law through the sampler (one-hot when greedy)."""
@@ -186,10 +221,11 @@ class EagleDrafter(Drafter):
 
 
 def make_drafter(model, tokenizer, head=None, k: int = 5, tree: str = "dynamic", branch: int | None = None,
-                 max_nodes: int | None = None) -> EagleDrafter:
+                 max_nodes: int | None = None, lookup: bool = False) -> EagleDrafter:
     """EAGLE: a head (None: this model's committed head; or an EagleHead or its file) drafts from the target's fused
     features: tree='chain' (k tokens) or 'dynamic' (EAGLE-2: depth k, `branch` expanded per depth and children per
-    node, the best `max_nodes` verified). Lossless under greedy and sampling."""
+    node, the best `max_nodes` verified; lookup: a prompt-lookup copy merged into the tree). Lossless under greedy
+    and sampling."""
     if head is None or isinstance(head, (str, Path)):
         head = load_head(model, head)
-    return EagleDrafter(Runner.for_model(model), head, k, tree, branch, max_nodes)
+    return EagleDrafter(Runner.for_model(model), head, k, tree, branch, max_nodes, lookup)
