@@ -255,3 +255,22 @@ def test_a_set_without_a_held_out_shard_yet(course_model, tmp_path):
         rd.load_distill(model, record, "val")
     train, val = load_set(model, record, 2, 1000)
     assert val is None and train.state(2).shape[:2] == train.tokens.shape
+
+
+def test_the_committed_record_is_whole():
+    """data/smollm2/distill/ (when committed): every shard's ids are there and agree with its JSON and the card."""
+    from dvi_lite.models import distill_record as rec
+    from dvi_lite.paths import DATA_DIR
+
+    record = DATA_DIR / "smollm2" / "distill"
+    if not (record / "card.json").is_file():
+        pytest.skip("no committed token record")
+    card = json.loads((record / "card.json").read_text())
+    metas = [json.loads(p.read_text()) for p in sorted(record.glob("shard_*.json"))]
+    assert [m["shard"] for m in metas] == list(range(card["shards"]))
+    assert sum(m["answer_tokens"] for m in metas) == card["answer_tokens"]
+    for m in metas:
+        rows, plen = rec.read_record(record, f"shard_{m['shard']:05d}")
+        assert [len(r) for r in rows] == [r["prompt_tokens"] + r["answer_tokens"] for r in m["rows"]]
+        assert plen.tolist() == [r["prompt_tokens"] for r in m["rows"]]
+        assert all(0 <= t < 49152 for r in rows for t in r)
