@@ -4,7 +4,7 @@ On a CPU the answers are the costly part of the set (the model writes them a tok
 top-k log-probs are one teacher forward away from the ids. So `distill-data` keeps each shard's ids here, in a
 committed folder (data/smollm2/distill/ for SmolLM2: about 4 MB per million answer tokens), and a later run
 on any machine continues from it: it never regenerates a recorded shard and rebuilds states only when asked.
-Drafts that learn from the target's own tokens (hard labels: a sampled answer is a draw from p) read the
+Drafts that learn from the target's own tokens (hard labels: the target's greedy or sampled answers) read the
 record directly (`token_rows`).
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def read_record(record: Path, name: str, whole: bool = True) -> tuple[list[list[
 
 def token_rows(record: str | Path, split: str = "train") -> list[tuple[list[int], int]]:
     """Every recorded row of a split as (prompt + answer ids, prompt_len): what a draft that learns from the
-    target's own tokens reads (the answer tokens are the target's: greedy, or a draw from p)."""
+    target's own tokens reads (the answer tokens are the target's: greedy, or drawn at T = 0.7 or 1)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     record = Path(record)
@@ -73,8 +73,10 @@ def record_as_teacher(record: str | Path, split: str = "train", width: int = 256
     """The record's rows as a hard-label `TeacherData`: at every position whose next token is an answer token,
     the target is that token with probability 1 (`top_ids` (N, W, 1), `top_logp` 0); elsewhere (prompt positions,
     padding) `mask` is False. A recipe that distils soft top-k targets reads this unchanged and minimises the
-    cross-entropy of the target's own tokens: a greedy answer is p's argmax, a sampled one a draw from p, so in
-    expectation the loss is the soft one. No states: a recipe that needs them computes them from `tokens`.
+    cross-entropy of the target's own tokens. A greedy answer is p's argmax; an answer sampled at T = 1 is a draw
+    from p, so there the expected loss is the soft one; at T = 0.7 it is a draw from p sharpened towards its
+    argmax. Either way the labels point at what a greedy verifier accepts, with more noise than top-k targets.
+    No states: a recipe that needs them computes them from `tokens`.
 
     Rows are cut into windows of `width` tokens (each keeps its own context only); windows with no answer
     position are dropped. max_tokens stops once that many answer positions are in (a data-scaling budget).
