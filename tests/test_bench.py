@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from dvi_lite.study import bench
+from dvi_lite.study import bench, paired, summary
 
 
 def run(argv, capsys):
@@ -78,8 +78,17 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
     for m in ("ar", "hf", "sps"):
         r = body["methods"][m]
         assert r["tokens_per_s"] == pytest.approx(statistics.median(r["tokens_per_s_rounds"]))
-        assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar_tps)
+        assert r["decode_tokens_per_s"] == pytest.approx(statistics.median(r["decode_tokens_per_s_rounds"]))
+        # the headline is paired: the median over prompts of each prompt's decode-phase ratio, inside its interval
+        per = [x for x in r["speedup_per_prompt"] if x is not None]
+        assert r["speedup_vs_ar"] == pytest.approx(statistics.median(per))
+        assert r["speedup_interval"] == list(paired.interval(per)) and r["speedup_confidence"] == 0.9
+        assert len(r["speedup_interval_e2e"]) == 2 and r["speedup_vs_ar_e2e"] is not None
         assert r["n_prompts"] == 2 and 0 < r["new_tokens"] <= 2 * 8
+    assert body["methods"]["ar"]["speedup_interval"] == [1.0, 1.0] and ar_tps > 0
+    v = list(body["verify_cost"].values())  # the steady envelope: v(1) = 1 and never less for more tokens
+    assert v[0] == 1.0 and v == sorted(v)
+    assert len(body["verify_cost_rounds"]) == 1 and isinstance(body["verify_cost_below_one"], list)
     for m in ("ar", "hf", "sps"):  # fp32 greedy: every method's tokens are AR's
         assert body["methods"][m]["same_tokens_as_ar"] == 1.0 and body["methods"][m]["common_prefix_with_ar"] == 1.0
     sps = body["methods"]["sps"]
@@ -230,11 +239,11 @@ def test_bench_error_turns(turns, capsys):
 
 
 def test_agreement_with_ar_counts_prompts_and_prefixes():
-    a = bench.agreement([[1, 2, 3], [4, 5, 6], [7]], [[1, 2, 3], [4, 9, 6], [8]])
+    a = summary.agreement([[1, 2, 3], [4, 5, 6], [7]], [[1, 2, 3], [4, 9, 6], [8]])
     assert a["same_tokens_as_ar"] == pytest.approx(1 / 3)
     assert a["common_prefix_with_ar"] == pytest.approx((1 + 1 / 3 + 0) / 3)
     with pytest.raises(ValueError):
-        bench.agreement([[1]], [[1], [2]])
+        summary.agreement([[1]], [[1], [2]])
 
 
 def test_why_they_differ_is_computed_from_the_measured_row():

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from dvi_lite.core.engine import Stats, decode
 from dvi_lite.core.registry import get_method
@@ -117,9 +118,31 @@ def _hf_generate(model, ids, max_new_tokens, sampler: Sampler, seed, eos, extra:
         torch.manual_seed(seed)
     dev = model.get_output_embeddings().weight.device
     x = torch.tensor([ids], device=dev)
+    first = _FirstToken(dev)
     t0 = time.perf_counter()
-    out = model.generate(x, attention_mask=torch.ones_like(x), **gen_kw)
+    out = model.generate(x, attention_mask=torch.ones_like(x), streamer=first, **gen_kw)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     new = out[0, len(ids):].tolist()
-    return new, Stats(prompt_tokens=len(ids), new_tokens=len(new), total_s=time.perf_counter() - t0)
+    prefill_s = (first.at - t0) if first.at is not None else 0.0
+    return new, Stats(prompt_tokens=len(ids), new_tokens=len(new), prefill_s=prefill_s,
+                      total_s=time.perf_counter() - t0)
+
+
+class _FirstToken(BaseStreamer):
+    """Notes when HF's generate emits its first new tokens, the end of its prefill, so that its decode-phase rate
+    is measured as ours is. (Assisted generation emits the first draft's accepted tokens with its first token, so
+    its prefill includes one verification.)"""
+
+    def __init__(self, device: torch.device):
+        self.device, self.calls, self.at = device, 0, None
+
+    def put(self, value) -> None:
+        self.calls += 1  # the first call is the prompt
+        if self.calls == 2:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass

@@ -1,25 +1,28 @@
 """The benchmark harness: `python -m dvi_lite bench --model smollm2 --dtype bfloat16 --prompts FILE --methods ar,pld`.
 
-Every method runs on the same prompts in one process, with a warm-up, then `repeats` timed rounds.
-Rounds are *interleaved* (round r runs every method, in an order rotated by r) so that slow drift
-of the machine (thermal, allocator, the in-process slow-down noted in PLATFORM_NOTES) hits every
-method alike; per-round numbers are kept in the JSON so drift is visible. We report the median.
+Every method runs on the same prompts in one process, with a warm-up, then `repeats` timed rounds. Within a round
+the methods run back to back on each prompt, in an order rotated by prompt and round, and each method's speedup is
+its rate over AR's *on the same prompt in the same round*: paired, so the machine's drift (thermal, allocator, the
+in-process slow-down noted in PLATFORM_NOTES) cancels. The headline is the decode-phase speedup (tokens after the
+first / time after it), the median over prompts with a 90% bootstrap interval (study.paired); the end-to-end one
+(prefill included) stands beside it.
 
-The same run calibrates the verify-cost model v(n) (study/cost.py) on this model, dtype and device, at
-about the prompts' length, and predicts each method's speedup from it: tau / (v(nodes + 1) + K c).
-With --json it also measures the machine's memory bandwidth, the roof for a memory-bound decoder.
+Each round also calibrates the verify-cost model v(n) (study/cost.py) on this model, dtype and device, at about
+the prompts' length, and the draft cost c is taken against that round's AR. The bench predicts each method's
+speedup from them: tau / (v(nodes + 1) + K c). With --json it also measures the machine's memory bandwidth.
 
 Speed is measured, never asserted in tests. The JSON shape is stable (other tools read it):
 {"provenance": {..., "model", "fingerprint", "dtype"}, "settings": {...}, "verify_cost": {n: v(n)},
 "machine": {"copy_GBps", "read_GBps", "weight_bytes", "weights_GBps_at_ar"},
-"methods": {name: {"tokens_per_s", "speedup_vs_ar", "tau", "alpha", "c", "predicted_speedup",
-"n_prompts", "new_tokens", "domains": {group: tokens/s}, "groups": {group: {...}}, ...}}}.
+"verify_cost_rounds": [...], "verify_cost_below_one": [n, ...],
+"methods": {name: {"tokens_per_s" (end to end), "decode_tokens_per_s", "speedup_vs_ar" (decode phase, paired),
+"speedup_interval": [lo, hi], "speedup_vs_ar_e2e", "speedup_interval_e2e", "speedup_per_prompt", "tau", "alpha",
+"c", "predicted_speedup", "n_prompts", "new_tokens", "domains": {group: tokens/s}, "groups": {group: {...}}, ...}}}.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -28,13 +31,13 @@ import torch
 from tqdm.auto import tqdm
 
 from dvi_lite.cli import command_line, prog
-from dvi_lite.core.engine import acceptance_rate, position_acceptance
 from dvi_lite.core.generate import generate
 from dvi_lite.core.registry import METHODS
 from dvi_lite.course_model.corpus import PROMPTS_DIR
 from dvi_lite.models.loading import load_model
-from dvi_lite.study import cost, specbench
+from dvi_lite.study import cost, paired, specbench
 from dvi_lite.study.provenance import model_facts, provenance
+from dvi_lite.study.summary import summarise
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -81,37 +84,61 @@ def leviathan_speedup(alpha: float, k: float, c: float) -> float:
     return tokens / (k * c + 1)
 
 
+TIMING = ("paired per prompt and interleaved, rounds in one process; speedup = the median over prompts of "
+          "per-prompt decode-phase ratios to AR, with a 90% bootstrap interval")
 GROUP_SUMS = ("n", "new_tokens", "time_s", "steps", "accepted", "drafted")  # per domain / task group and round
+
+
+def new_sums() -> dict:
+    """The sums one method gathers over one round of prompts (filled by `add_run`)."""
+    return {"new_tokens": 0, "time_s": 0.0, "decode_tokens": 0, "decode_s": 0.0, "steps": 0, "accepted": 0,
+            "drafted": 0, "log": [], "draft_s": 0.0, "verify_s": 0.0, "domains": {}, "outputs": [], "prompts": [],
+            "peak_mem_bytes": None}
+
+
+def run_one(model, tok, rec: dict, i: int, method: str, max_new_tokens: int, temperature: float, top_p: float,
+            seed: int, options: dict):
+    """One timed generation of prompt `rec` (the i-th; its seed is seed + i), with CUDA's peak memory if any."""
+    dev = next(model.parameters()).device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    res = generate(model, tok, rec["prompt"], method=method, max_new_tokens=max_new_tokens,
+                   temperature=temperature, top_p=top_p, seed=seed + i, **options)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    return res, peak
+
+
+def add_run(agg: dict, rec: dict, res, peak: int | None) -> None:
+    """Add one generation to a method's round sums: tokens, time (decode phase apart), engine counters, per
+    domain too, the tokens, the prompt's own rates (for the paired ratios) and the peak memory."""
+    s = res.stats
+    steps, acc, drafted = len(s.steps), sum(x.accepted for x in s.steps), sum(x.drafted for x in s.steps)
+    agg["new_tokens"] += s.new_tokens
+    agg["time_s"] += s.total_s
+    if s.new_tokens > 1:
+        agg["decode_tokens"] += s.new_tokens - 1
+        agg["decode_s"] += s.total_s - s.prefill_s
+    agg["steps"] += steps
+    agg["accepted"] += acc
+    agg["drafted"] += drafted
+    agg["log"] += [(x.depth, x.accepted) for x in s.steps]  # (depth, accepted) per step
+    agg["draft_s"] += sum(x.draft_s for x in s.steps)
+    agg["verify_s"] += sum(x.verify_s for x in s.steps)
+    d = agg["domains"].setdefault(rec.get("domain", "all"), dict.fromkeys(GROUP_SUMS, 0))
+    for key, x in zip(GROUP_SUMS, (1, s.new_tokens, s.total_s, steps, acc, drafted), strict=True):
+        d[key] += x
+    agg["outputs"].append(res.token_ids)
+    agg["prompts"].append(paired.rates(s.new_tokens, s.total_s, s.prefill_s))
+    if peak is not None:  # CPU tensors have no allocator counter: study.memory's accounting stands in
+        agg["peak_mem_bytes"] = max(peak, agg["peak_mem_bytes"] or 0)
 
 
 def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int, temperature: float,
                top_p: float, seed: int, options: dict) -> dict:
-    """All prompts once; sums of tokens, time and engine counters (per domain too), and on CUDA the peak
-    memory the allocator held while this method ran (weights, draft models, KV cache, activations)."""
-    agg = {"new_tokens": 0, "time_s": 0.0, "steps": 0, "accepted": 0, "drafted": 0, "log": [],
-           "draft_s": 0.0, "verify_s": 0.0, "domains": {}, "outputs": [], "peak_mem_bytes": None}
-    dev = next(model.parameters()).device
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+    """All prompts once, one method: the round sums of `add_run`."""
+    agg = new_sums()
     for i, rec in enumerate(prompts):
-        res = generate(model, tok, rec["prompt"], method=method, max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_p=top_p, seed=seed + i, **options)
-        s = res.stats
-        agg["new_tokens"] += s.new_tokens
-        agg["time_s"] += s.total_s
-        agg["steps"] += len(s.steps)
-        agg["accepted"] += sum(x.accepted for x in s.steps)
-        agg["drafted"] += sum(x.drafted for x in s.steps)
-        agg["log"] += [(x.depth, x.accepted) for x in s.steps]  # (depth, accepted) per step
-        agg["draft_s"] += sum(x.draft_s for x in s.steps)
-        agg["verify_s"] += sum(x.verify_s for x in s.steps)
-        d = agg["domains"].setdefault(rec.get("domain", "all"), dict.fromkeys(GROUP_SUMS, 0))
-        for key, x in zip(GROUP_SUMS, (1, s.new_tokens, s.total_s, len(s.steps), sum(x.accepted for x in s.steps),
-                                       sum(x.drafted for x in s.steps)), strict=True):
-            d[key] += x
-        agg["outputs"].append(res.token_ids)
-    if dev.type == "cuda":  # CPU tensors have no allocator counter: study.memory's accounting stands in
-        agg["peak_mem_bytes"] = torch.cuda.max_memory_allocated(dev)
+        add_run(agg, rec, *run_one(model, tok, rec, i, method, max_new_tokens, temperature, top_p, seed, options))
     return agg
 
 
@@ -125,86 +152,19 @@ def step_log(model, tok, prompts: list[dict], method: str, max_new_tokens: int =
     return run_method(model, tok, prompts, method, max_new_tokens, temperature, top_p, seed, options)["log"]
 
 
-def _tau(agg: dict) -> float | None:
-    """Tokens per target forward: (accepted + one bonus/correction token per step) / steps; None without drafts."""
-    return (agg["accepted"] + agg["steps"]) / agg["steps"] if agg["steps"] and agg["drafted"] else None
-
-
-def agreement(outputs: list[list[int]], ar_outputs: list[list[int]]) -> dict:
-    """How far a method's tokens agree with AR's, prompt by prompt: the fraction of prompts with the very same
-    tokens, and the mean length of the common prefix as a fraction of AR's output (1.0 = all identical)."""
-    def prefix(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-    pairs = list(zip(outputs, ar_outputs, strict=True))
-    return {"same_tokens_as_ar": sum(a == b for a, b in pairs) / len(pairs),
-            "common_prefix_with_ar": statistics.mean(prefix(a, b) / max(1, len(b)) for a, b in pairs)}
-
-
-def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None = None) -> dict:
-    """Median tokens/s over rounds, speedup vs our AR, tau, alpha, draft cost ratio c, per group too, and the
-    speedup that the verify-cost table `v` ({n: v(n)}) predicts from tau and c."""
-    out: dict[str, dict] = {}
-    for m, rs in rounds.items():
-        last = rs[-1]
-        tps = [r["new_tokens"] / r["time_s"] for r in rs]
-        steps = last["steps"]
-        alpha = acceptance_rate(last["log"])  # per tested draft token, as in Stats.alpha
-        gtps = {d: statistics.median(r["domains"][d]["new_tokens"] / r["domains"][d]["time_s"] for r in rs)
-                for d in last["domains"]}
-        out[m] = {
-            "tokens_per_s": statistics.median(tps),
-            "tokens_per_s_rounds": tps,
-            "tau": _tau(last),
-            "alpha": alpha,
-            "n_prompts": n_prompts,
-            "new_tokens": last["new_tokens"],
-            "distinct_token_fraction": statistics.mean(len(set(o)) / max(1, len(o)) for o in last["outputs"]),
-            "domains": gtps,  # {group: tokens/s}, the old key; "groups" has the rest
-            "groups": {d: {"tokens_per_s": gtps[d], "tau": _tau(g), "n_prompts": g["n"], "new_tokens": g["new_tokens"]}
-                       for d, g in last["domains"].items()},
-            "position_acceptance": position_acceptance(last["log"]),
-            "draft_s_per_step": last["draft_s"] / steps if steps else None,
-            "verify_s_per_step": last["verify_s"] / steps if steps else None,
-            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in rs if r.get("peak_mem_bytes") is not None),
-                                  default=None),
-        }
-    ar = out.get("ar")
-    for m, r in out.items():
-        r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
-        if ar:  # greedy: lossless means AR's tokens; in bf16, batched verification may flip near-ties
-            r.update(agreement(rounds[m][-1]["outputs"], rounds["ar"][-1]["outputs"]))
-        for d, g in r["groups"].items():
-            ref = ar["groups"].get(d) if ar else None
-            g["speedup_vs_ar"] = g["tokens_per_s"] / ref["tokens_per_s"] if ref else None
-        if ar and r["tau"] is not None and r["draft_s_per_step"] is not None:
-            # c = draft time per draft step / target time per token (AR's time per token); K = the draft's
-            # depth per step (= drafted tokens for a chain; a tree's extra leaves cost no draft step, but
-            # the verify forward sees every node: v(nodes + 1))
-            last = rounds[m][-1]
-            k = sum(d for d, _ in last["log"]) / max(1, len(last["log"]))
-            c = r["draft_s_per_step"] / max(k, 1e-9) / (1.0 / ar["tokens_per_s"])
-            nodes = last["drafted"] / max(1, last["steps"])
-            r.update(c=c, draft_depth_per_step=k, drafted_per_step=nodes)
-            if v:
-                r["verify_cost_per_step"] = cost.v_of(v, nodes + 1)  # v(nodes + 1), in 1-token forwards
-                r["predicted_speedup"] = cost.predicted_speedup(r["tau"], k, c, v, nodes=nodes)
-                r["measured_over_predicted"] = r["speedup_vs_ar"] / r["predicted_speedup"]
-    return out
-
-
 def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: int = 64, repeats: int = 3,
           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, options: dict | None = None,
-          warmup: int = 1, logs: dict[str, list] | None = None, v: Mapping | None = None) -> dict:
-    """Interleaved, warmed-up benchmark of `methods` on `prompts`; returns the JSON 'methods' dict.
+          warmup: int = 1, logs: dict[str, list] | None = None, v: Mapping | None = None,
+          calibration: dict | None = None) -> dict:
+    """Paired, interleaved, warmed-up benchmark of `methods` on `prompts`; returns the JSON 'methods' dict.
 
-    v: the verify-cost table {n: v(n)} the predictions use; None = calibrate it here first (`cost.calibrate`).
+    Each round runs every prompt once per method, the methods back to back on the same prompt, in an order
+    rotated by prompt and round, so each method's ratio to AR is taken a few seconds apart (study.paired).
+    v: the verify-cost table {n: v(n)} the predictions use; None = calibrate inside each round, before its
+    generations, and predict with the rounds' steady table (cost.steady). `calibration`, if given, receives
+    {"v", "rounds", "below_one", "context"}.
     """
     options = options or {}
-    if v is None:
-        v = cost.calibrate(model, tok, prompts, max_new_tokens)[0]
     spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
     for m in methods:
         name, opts = parse_spec(m)
@@ -213,20 +173,32 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
     for m in methods:  # warm-up (also builds drafters' caches, loads draft models)
         for _ in range(warmup):
             run_method(model, tok, prompts[:1], *_args(spec[m], max_new_tokens, temperature, top_p, seed))
+    ctx = cost.context_for(model, tok, prompts, max_new_tokens) if v is None else None
     rounds: dict[str, list[dict]] = {m: [] for m in methods}
-    bar = tqdm(total=repeats * len(methods), desc="bench")
+    tables: list[dict] = []
+    bar = tqdm(total=repeats * len(methods) * len(prompts), desc="bench")
     for r in range(repeats):
-        order = methods[r % len(methods):] + methods[: r % len(methods)]
-        for m in order:
-            bar.set_postfix(method=m, round=r)
-            args = _args(spec[m], max_new_tokens, temperature, top_p, seed)
-            rounds[m].append(run_method(model, tok, prompts, *args))
-            bar.update()
+        if v is None:
+            tables.append(cost.verify_cost(model, cost.NS, ctx, repeats=5))
+        sums = {m: new_sums() for m in methods}
+        for i, rec in enumerate(prompts):
+            turn = (r + i) % len(methods)
+            for m in methods[turn:] + methods[:turn]:
+                bar.set_postfix(method=m, round=r)
+                add_run(sums[m], rec, *run_one(model, tok, rec, i, *_args(spec[m], max_new_tokens, temperature,
+                                                                           top_p, seed)))
+                bar.update()
+        for m in methods:
+            rounds[m].append(sums[m])
     bar.close()
+    if v is None:
+        v, below = cost.steady(tables)
+        if calibration is not None:
+            calibration.update(v=v, rounds=tables, below_one=below, context=ctx)
     if logs is not None:  # label -> (depth, accepted) per step of every timed round
         for m, rs in rounds.items():
             logs[m] = [x for r in rs for x in r["log"]]
-    return summarise(rounds, len(prompts), v)
+    return summarise(rounds, len(prompts), v, groups=[p.get("domain", "all") for p in prompts])
 
 
 def _args(spec: tuple[str, dict], max_new_tokens, temperature, top_p, seed) -> tuple:
@@ -235,13 +207,16 @@ def _args(spec: tuple[str, dict], max_new_tokens, temperature, top_p, seed) -> t
 
 
 def format_table(results: dict) -> str:
-    """The overall table, then (with more than one task group) each method's speedup vs AR per group."""
+    """The overall table (decode-phase speedup with its interval, end to end beside it), then (with more than one
+    task group) each method's decode-phase speedup vs AR per group."""
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    iv = lambda r, key: "-" if None in (r.get(key) or [None]) else f"[{r[key][0]:.2f}, {r[key][1]:.2f}]"  # noqa: E731
     w = max([14] + [len(m) + 2 for m in results])
-    lines = [f"{'method':<{w}}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'alpha':>7}{'c':>7}{'pred':>7}{'meas/pred':>10}"
-             f"{'=AR':>6}", "-" * (w + 62)]
+    lines = [f"{'method':<{w}}{'dec tok/s':>10}{'speedup':>9}{'90% interval':>15}{'e2e':>7}{'tau':>7}{'alpha':>7}"
+             f"{'c':>7}{'pred':>7}{'meas/pred':>10}{'=AR':>6}", "-" * (w + 85)]
     for m, r in results.items():
-        lines.append(f"{m:<{w}}{f(r['tokens_per_s'], 1):>9}{f(r['speedup_vs_ar']):>9}{f(r['tau']):>7}"
+        lines.append(f"{m:<{w}}{f(r.get('decode_tokens_per_s'), 1):>10}{f(r.get('speedup_vs_ar')):>9}"
+                     f"{iv(r, 'speedup_interval'):>15}{f(r.get('speedup_vs_ar_e2e')):>7}{f(r['tau']):>7}"
                      f"{f(r['alpha']):>7}{f(r.get('c')):>7}{f(r.get('predicted_speedup')):>7}"
                      f"{f(r.get('measured_over_predicted')):>10}{f(r.get('same_tokens_as_ar')):>6}")
     groups = list(next(iter(results.values()), {}).get("groups", {}))
@@ -297,7 +272,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-model", default=None,
                     help="draft model folder for sps/hf_assisted (default: the model's committed draft)")
     ap.add_argument("--k", type=int, default=4, help="draft length for sps / hf_assisted")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=128,
+                    help="new tokens per prompt (>= 128 keeps the prefill a small share of a long prompt's time)")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -331,12 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--n-prompts must be <= {specbench.EVAL_QUESTIONS} on Spec-Bench dev: the other "
                              "questions are what drafts are trained on (specbench.training_questions)")
         prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), args.turns, args.max_new_tokens)
-        v, ctx = cost.calibrate(model, tok, prompts, args.max_new_tokens)
         measure = args.machine if args.machine is not None else args.json is not None
         machine = cost.memory_bandwidth(device=next(model.parameters()).device) if measure else {}
         opts = {m: {"k": args.k, "draft_model": args.draft_model} for m in ("sps", "hf_assisted")}
+        calib: dict = {}
         results = bench(model, tok, prompts, methods, args.max_new_tokens, args.repeats, args.temperature,
-                        args.top_p, args.seed, opts, v=v)
+                        args.top_p, args.seed, opts, calibration=calib)
+        v, ctx = calib["v"], calib["context"]
     except (ValueError, FileNotFoundError, TypeError) as e:
         ap.error(str(e))
     machine = {"copy_GBps": None, "read_GBps": None, **machine, "weight_bytes": cost.weight_bytes(model)}
@@ -345,15 +322,20 @@ def main(argv: list[str] | None = None) -> int:
             results[m]["weights_GBps_at_ar"] = machine["weight_bytes"] * results[m]["tokens_per_s"] / 1e9
     machine["weights_GBps_at_ar"] = results.get("ar", {}).get("weights_GBps_at_ar")
     print(format_table(results))
-    print("v(n): " + ", ".join(f"{n}: {x:.2f}" for n, x in v.items()) + f" (context {ctx})")
+    print("v(n): " + ", ".join(f"{n}: {x:.2f}" for n, x in v.items()) + f" (context {ctx}, median of "
+          f"{len(calib['rounds'])} rounds)")
+    if calib["below_one"]:
+        print(f"note: v(n) came out below 1 at n = {calib['below_one']} (timing noise: a forward over more tokens "
+              "does not cost less); predictions use the non-decreasing envelope")
     if args.json:
         cmd = command_line("bench", argv)
         settings = {**{k: x for k, x in vars(args).items() if k != "json"}, "prompts": str(path),
                     "n_prompts_used": len(prompts), "second_turn_prompts": sum(p.get("turn") == 2 for p in prompts),
                     "chat_template": chat, "verify_cost_context": ctx}
-        body = {"provenance": provenance(cmd, args.device, timing="interleaved rounds in one process, median",
+        body = {"provenance": provenance(cmd, args.device, timing=TIMING,
                                          **model_facts(args.model, model)),
-                "settings": settings, "verify_cost": v, "machine": machine, "methods": results}
+                "settings": settings, "verify_cost": v, "verify_cost_rounds": calib["rounds"],
+                "verify_cost_below_one": calib["below_one"], "machine": machine, "methods": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(body, indent=2) + "\n")
         print(f"wrote {args.json}")

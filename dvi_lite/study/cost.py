@@ -79,16 +79,42 @@ def verify_cost(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: in
     return {n: t[n] / t[1] for n in ns}
 
 
-def calibrate(model, tok, prompts: list[dict], max_new_tokens: int,
-              repeats: int = 5) -> tuple[dict[int, float], int]:
-    """({n: v(n)}, context): the verify-cost table measured at the prompts' mean length + half the new tokens
-    (the mean cache length while decoding), within the model's positions. What the bench runs first."""
+def context_for(model, tok, prompts: list[dict], max_new_tokens: int) -> int:
+    """The cache length to time v(n) at: the prompts' mean length + half the new tokens (the mean cache length
+    while decoding), within the model's positions."""
     from dvi_lite.core.generate import prompt_ids
 
     lens = [len(prompt_ids(tok, r["prompt"])) for r in prompts]
     limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-    ctx = max(0, min(round(statistics.mean(lens)) + max_new_tokens // 2 if lens else 0, limit - max(NS)))
+    return max(0, min(round(statistics.mean(lens)) + max_new_tokens // 2 if lens else 0, limit - max(NS)))
+
+
+def calibrate(model, tok, prompts: list[dict], max_new_tokens: int,
+              repeats: int = 5) -> tuple[dict[int, float], int]:
+    """({n: v(n)}, context): the verify-cost table measured at `context_for` the prompts."""
+    ctx = context_for(model, tok, prompts, max_new_tokens)
     return verify_cost(model, NS, ctx, repeats), ctx
+
+
+def steady(tables: list[Mapping]) -> tuple[dict[int, float], list[int]]:
+    """(table, flagged): the median v(n) over several calibrations (one per bench round), made non-decreasing in
+    n, and the n > 1 whose median came out below 1.
+
+    A forward over more tokens never costs less than one over fewer, so a dip is timing noise: the envelope keeps
+    predictions from pricing verification below an AR step. The flag says where that happened, so a report can
+    show it rather than a prediction above the "free verification" ceiling.
+    """
+    if not tables:
+        raise ValueError("tables: give at least one v(n) table")
+    ns = sorted({int(n) for t in tables for n in t})
+    med = {n: statistics.median(float(t[n] if n in t else t[str(n)]) for t in tables
+                                if n in t or str(n) in t) for n in ns}
+    flagged = [n for n in ns if n > 1 and med[n] < 1]
+    out, top = {}, 0.0
+    for n in ns:
+        top = max(top, med[n])
+        out[n] = top
+    return out, flagged
 
 
 def v_of(table: Mapping, n: float) -> float:

@@ -34,6 +34,14 @@ def _held_mb(m: dict | None) -> float | None:
     return None if not m else _mb(m["target_bytes"] + m["extra_bytes"] + m["kv_bytes"])
 
 
+def _x(r: dict, key: str = "speedup_vs_ar") -> str:
+    """A speedup with its paired 90% interval where the bench gave one: "1.23 [1.10–1.35]"."""
+    iv = r.get("speedup_interval" if key == "speedup_vs_ar" else "speedup_interval_e2e")
+    if r.get(key) is None or not iv or None in iv:
+        return _f(r.get(key))
+    return f"{r[key]:.2f} [{iv[0]:.2f}–{iv[1]:.2f}]"
+
+
 def render_study(body: dict) -> list[str]:
     """The study's table (notebook 06): every method, greedy and sampling, x AR per task group, the papers
     beside ours, SpS's best K and the course model's contrast."""
@@ -44,24 +52,31 @@ def render_study(body: dict) -> list[str]:
     prov = body.get("provenance", {})
     s = body.get("settings", {})
     g = study["greedy"]
-    ar_dom = g.get("ar", {}).get("domains", {})
-    groups = list(ar_dom)
+    pairs = any(r.get("speedup_interval") for r in g.values())  # a run of the paired bench (older runs: round medians)
+    groups = list(g.get("ar", {}).get("groups" if pairs else "domains", {}))
+    how = "paired per prompt and interleaved" if pairs else "median of interleaved rounds (end to end)"
+    cols = ["method", "decode tok/s" if pairs else "tok/s", "rounds",
+            "× AR greedy (90% CI)" if pairs else "× AR greedy",
+            *(["× AR end to end"] if pairs else []), *(f"× AR {n}" for n in names), "τ", "α", "c", "predicted",
+            "meas/pred", "distinct", "extra params", "held MB", *(["peak MB"] if peak else [])]
     out = [f"**The study (06_results)** · {body.get('model', 'course model')} · {prov.get('device', '?')} · commit "
            f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out "
-           f"prompts × {s.get('max_new_tokens', '?')} tokens, median of interleaved rounds\n",
-           "| " + " | ".join(["method", "tok/s", "rounds", "× AR greedy", *(f"× AR {n}" for n in names), "τ", "α",
-                              "c", "predicted", "meas/pred", "distinct", "extra params", "held MB",
-                              *(["peak MB"] if peak else [])]) + " |",
-           "|---|" + "---:|" * (11 + len(names) + peak)]
+           f"prompts × {s.get('max_new_tokens', '?')} tokens, {how}\n",
+           "| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
+    rate = "decode_tokens_per_s" if pairs else "tokens_per_s"
     for m, r in g.items():
-        samp = "".join(f"{_f(study[n].get(m, {}).get('speedup_vs_ar'))} | " for n in names)
-        out.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_range(r.get('tokens_per_s_rounds'))} | "
-                   f"{_f(r.get('speedup_vs_ar'))} | {samp}{_f(r.get('tau'))} | "
-                   f"{_f(r.get('alpha'))} | {_f(r.get('c'))} | {_f(r.get('predicted_speedup'))} | "
-                   f"{_f(r.get('measured_over_predicted'))} | "
-                   f"{_f(r.get('distinct_token_fraction'))} | {mem.get(m, {}).get('extra_params', 0):,} | "
-                   f"{_f(_held_mb(mem.get(m)), 1)} |" + (f" {_f(_mb(r.get('peak_mem_bytes')), 1)} |" if peak else ""))
-    out += ["", "rounds: tok/s of the slowest and fastest timed round (differences inside that range are noise) · "
+        cells = [m, _f(r.get(rate), 1), _range(r.get(rate + "_rounds")), _x(r),
+                 *([_x(r, "speedup_vs_ar_e2e")] if pairs else []), *(_x(study[n].get(m, {})) for n in names),
+                 _f(r.get("tau")), _f(r.get("alpha")), _f(r.get("c")), _f(r.get("predicted_speedup")),
+                 _f(r.get("measured_over_predicted")), _f(r.get("distinct_token_fraction")),
+                 f"{mem.get(m, {}).get('extra_params', 0):,}", _f(_held_mb(mem.get(m)), 1),
+                 *([_f(_mb(r.get("peak_mem_bytes")), 1)] if peak else [])]
+        out.append("| " + " | ".join(cells) + " |")
+    speed = ("× AR: the median over prompts of each prompt's decode-phase rate over AR's on the same prompt in the "
+             "same round, with a 90% bootstrap interval over prompts · end to end: the same, prefill included · "
+             if pairs else "× AR: ratios of median tok/s over rounds, prefill included (a run from before the paired "
+             "bench: no interval, no decode-phase split) · ")
+    out += ["", speed + "rounds: tok/s of the slowest and fastest timed round · "
             "c: draft cost per draft token in target forwards · predicted: the cost model τ / (v(K+1) + K·c) with "
             "the measured τ, K, c and v(n) · distinct: distinct-token fraction of the outputs (a looping model "
             "inflates acceptance) · held MB: weights + extra parameters + a 512-position KV cache"
@@ -69,9 +84,11 @@ def render_study(body: dict) -> list[str]:
     if groups:
         out += ["× AR per task group (greedy)\n", "| method | " + " | ".join(groups) + " |",
                 "|---|" + "---:|" * len(groups)]
+        ar_dom = g.get("ar", {}).get("domains", {})
         for m, r in g.items():
             dom = r.get("domains", {})
-            out.append(f"| {m} | " + " | ".join(_f(dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None)
+            out.append(f"| {m} | " + " | ".join(_f(r.get("groups", {}).get(d, {}).get("speedup_vs_ar") if pairs else
+                                                   dom[d] / ar_dom[d] if d in dom and ar_dom.get(d) else None)
                                                 for d in groups) + " |")
         out.append("")
     out += ["| method | paper's claim | setting | ours (CPU, greedy) | GPU | why they differ |",
@@ -126,9 +143,10 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         parts.append(f"**{f.stem}** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
                      f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × "
                      f"{s.get('max_new_tokens', '?')} tokens\n")
-        parts.append("| method | tokens/s | speedup vs AR | τ | α |\n|---|---:|---:|---:|---:|")
+        ci = " (90% CI)" if any(r.get("speedup_interval") for r in methods.values()) else ""
+        parts.append(f"| method | tokens/s | speedup vs AR{ci} | τ | α |\n|---|---:|---:|---:|---:|")
         for m, r in methods.items():
-            parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_f(r.get('speedup_vs_ar'))} | "
+            parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_x(r)} | "
                          f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
         parts.append("")
     if not (study or timings or parts):

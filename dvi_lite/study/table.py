@@ -106,10 +106,9 @@ def run_study(model, tok, prompts: list[dict], methods: list[str], settings: lis
 
 
 def group_speedups(results: dict) -> dict[str, dict[str, float | None]]:
-    """method -> {task group (or domain): x AR in that group}, from a bench's per-group tokens/s."""
-    ar = results["ar"].get("domains", {})
-    return {m: {d: (r.get("domains", {}).get(d) or 0) / ar[d] if ar.get(d) else None for d in ar}
-            for m, r in results.items()}
+    """method -> {task group (or domain): x AR in that group}: the bench's paired per-group speedup (the median of
+    the group's per-prompt decode-phase ratios)."""
+    return {m: {d: g.get("speedup_vs_ar") for d, g in r.get("groups", {}).items()} for m, r in results.items()}
 
 
 def group_heatmap(groups: dict[str, dict], title: str):
@@ -186,6 +185,8 @@ def check_bench(res: dict, methods, what: str = "bench") -> str:
         finite(r["tokens_per_s"], f"{what}[{m}] tokens_per_s", 0, strict=True)
         if r.get("speedup_vs_ar") is not None:
             finite(r["speedup_vs_ar"], f"{what}[{m}] speedup_vs_ar", 0, strict=True)
+        for i, x in enumerate(r.get("speedup_interval") or []):  # the paired interval, where the bench gave one
+            finite(x, f"{what}[{m}] speedup_interval[{i}]", 0, strict=True)
         if r.get("tau") is not None:
             finite(r["tau"], f"{what}[{m}] tau", 1)
         if r.get("alpha") is not None:
