@@ -20,6 +20,8 @@ PROG = "python -m dvi_lite"
 # command -> ("module:function", summary). Keep the summaries to one line: `--help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("dvi_lite.study.bench:main", "benchmark methods on held-out prompts (interleaved rounds, JSON)"),
+    "generate": ("dvi_lite.study.generate_cmd:main",
+                 "one answer from any method; --show colours each token by where it came from, with tau"),
     "prepare": ("dvi_lite.study.prepare:main", "train every method's pieces for a local checkpoint"),
     "reproduce": ("dvi_lite.study.reproduce:main", "run every notebook (papermill), then regenerate the README"),
     "report": ("dvi_lite.study.report:main", "regenerate the README's results section from results/*.json"),

@@ -92,6 +92,7 @@ class StepStats:
     draft_s: float
     verify_s: float
     trim_s: float  # cache rollback of the target (in verify_s) is O(1); this is the drafter's feedback/sync
+    bonus: bool = False  # the target's token came after a fully accepted branch (no draft left), not a correction
 
 
 def acceptance_rate(log: list[tuple[int, int]]) -> float | None:
@@ -297,7 +298,17 @@ def step(state: DecodeState, drafter: Drafter, eos_token_id: int | None = None) 
     if eos_token_id is not None and eos_token_id in new:
         new = new[: new.index(eos_token_id) + 1]
     state.tokens += new[: state.remaining]
-    return out, StepStats(len(prop), _depth(prop.parents, len(prop)), out.n_accepted, t2 - t1, t3 - t2, t4 - t3)
+    return out, StepStats(len(prop), _depth(prop.parents, len(prop)), out.n_accepted, t2 - t1, t3 - t2, t4 - t3,
+                          _bonus(prop, out.path))
+
+
+def _bonus(prop: Proposal, path: list[int]) -> bool:
+    """Whether verification accepted a whole branch: the path ends at a node with no child (a chain: all of it)."""
+    if not len(prop):
+        return False
+    if prop.parents is None:
+        return len(path) == len(prop)
+    return not bool((prop.parents == (path[-1] if path else -1)).any())
 
 
 @torch.no_grad()
