@@ -110,11 +110,11 @@ CALLS: list[tuple[str, dict]] = []
 
 
 def recipe_reading_the_set(model_path, out_dir, command, smoke=False, data=None):
-    CALLS.append(("reads", {"data": data, "smoke": smoke}))
+    CALLS.append(("reads", {"data": data, "smoke": smoke, "model": model_path}))
 
 
 def recipe_without_data(model_path, out_dir, command, smoke=False):
-    CALLS.append(("plain", {"smoke": smoke}))
+    CALLS.append(("plain", {"smoke": smoke, "model": model_path}))
 
 
 def test_prepare_smollm2_hands_the_set_to_the_recipes_that_read_one(monkeypatch, tmp_path, capsys):
@@ -126,8 +126,17 @@ def test_prepare_smollm2_hands_the_set_to_the_recipes_that_read_one(monkeypatch,
     monkeypatch.setattr(prep, "SMOLLM2_RECIPES", (("a", f"{__name__}:recipe_reading_the_set", ".", "a.pt"),
                                                   ("b", f"{__name__}:recipe_without_data", ".", "b.pt")))
     monkeypatch.setattr(vocab, "build_vocab_map", lambda *a, **k: None)
+    from dvi_lite.models import loading
+
+    loads = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a) or real("course", dtype="float32"))
     CALLS.clear()
     prep.prepare("smollm2", prep.PrepareConfig.smoke(), force=True, data=tmp_path / "set")
+    handed = CALLS[0][1].pop("model")
+    assert CALLS[1][1].pop("model") is handed  # loaded once, handed to every recipe
+    assert isinstance(handed, loading.Loaded) and handed.name == "smollm2" and len(loads) == 1
+    assert loading.load_once(handed) == (handed.model, handed.tokenizer)
     assert CALLS == [("reads", {"data": tmp_path / "set", "smoke": True}), ("plain", {"smoke": True})]
     assert "the self-distillation set" in capsys.readouterr().out
     with pytest.raises(ValueError, match="data .* is read by SmolLM2's recipes only"):

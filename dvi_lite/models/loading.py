@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -175,3 +176,25 @@ def load_draft_model(path: str | Path | None = None, dtype: str | torch.dtype | 
 
 def vocab_size(model: PreTrainedModel) -> int:
     return model.get_output_embeddings().weight.shape[0]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model loaded once by a command and handed down to what it runs (`prepare` gives one to every recipe), so
+    no recipe loads the weights again. `name` is how cards name it ("smollm2", a folder)."""
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def load_once(model: Loaded | str | Path | None, dtype: str | torch.dtype | None = None,
+              device: str | torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer): the ones handed down (a `Loaded`, whatever its dtype), or loaded here from a name/folder."""
+    if isinstance(model, Loaded):
+        return model.model, model.tokenizer
+    return load_model(model, dtype=dtype, device=device)
+
+
+def model_name(model: Loaded | str | Path | None) -> str:
+    """The name a card gives the model: a `Loaded`'s own, else the name or folder as given."""
+    return model.name if isinstance(model, Loaded) else str(model)

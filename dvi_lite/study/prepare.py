@@ -15,7 +15,8 @@ SmolLM2 is different: its pieces are committed in data/smollm2/ and were made by
 distil from the teacher's stored outputs (models/teacher.py) rather than run the model inside every step.
 `python -m dvi_lite prepare --model smollm2 --force` regenerates them by those recipes (SMOLLM2_RECIPES), in
 the order they depend on each other: the vocabulary map and the teacher data first, the DVI head after the
-Kangaroo adapter whose exit layer it shares.
+Kangaroo adapter whose exit layer it shares. The model is loaded once and handed to every recipe
+(models.loading.Loaded).
 """
 from __future__ import annotations
 
@@ -67,12 +68,15 @@ def prepare_smollm2(model_path: str, force: bool = False, command: str = "", smo
     import importlib
     import inspect
 
-    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.loading import Loaded, bf16_is_fast, default_device, load_model
     from dvi_lite.models.teacher import teacher_for
     from dvi_lite.models.vocab import build_vocab_map, vocab_map_path
     from dvi_lite.paths import BUILD_DIR
 
-    model, tok = load_model(model_path, dtype="bfloat16")
+    # loaded once, in the fast dtype here (bf16 is much slower than fp32 on a CPU without bf16 units), and handed
+    # to every recipe
+    model, tok = load_model(model_path, dtype="bfloat16" if bf16_is_fast(default_device()) else "float32")
+    loaded = Loaded(model, tok, str(model_path))
     # smoke (a dry run of every recipe, seconds each) writes under build/, never over the committed pieces
     home = BUILD_DIR / "prepare_smoke" / fingerprint(model) if smoke else artifacts_dir(model)
     vocab = home / vocab_map_path(model, VOCAB_N).relative_to(artifacts_dir(model))
@@ -95,7 +99,7 @@ def prepare_smollm2(model_path: str, force: bool = False, command: str = "", smo
             recipe = getattr(importlib.import_module(module), func)
             reads_set = data is not None and "data" in inspect.signature(recipe).parameters
             print(f"{name}: {'the self-distillation set ' + str(data) if reads_set else 'its own recipe data'}")
-            recipe(model_path, home / sub, command, smoke, **({"data": data} if reads_set else {}))
+            recipe(loaded, home / sub, command, smoke, **({"data": data} if reads_set else {}))
     return {k: str(v) for k, v in pieces.items()}
 
 

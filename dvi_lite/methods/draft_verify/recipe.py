@@ -214,13 +214,13 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     teacher: the teacher file (default: the model's, `teacher.teacher_path`; smoke builds a tiny one in out_dir
     when it is missing). v: the v(n) table (default: SmolLM2 bf16's measured one). Returns the summary.
     """
-    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.loading import load_once
     from dvi_lite.models.teacher import TeacherConfig, load_teacher, teacher_outputs, teacher_path
     from dvi_lite.study.provenance import git_commit, provenance
 
     cfg = cfg if cfg is not None else RecipeConfig.smoke() if smoke else RecipeConfig()
     torch.manual_seed(cfg.seed)
-    model, tok = load_model(model_path, dtype=dtype)
+    model, tok = load_once(model_path, dtype=dtype)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tpath = Path(teacher) if teacher is not None else teacher_path(model)
@@ -236,7 +236,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     card = {"data": {"teacher": str(tpath), "n_rows": data.card.get("n_rows"), "rows": summary["rows"],
                      "positions": summary["positions"], "teacher_commit": tcommit},
             "trials": cfg.trials, "ratios": list(cfg.ratios), "command": command, "commit": git_commit(),
-            "device": "cpu, 2 cores", "dtype": dtype, "wall_time_s": summary["wall_time_s"],
+            "device": "cpu, 2 cores", "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "wall_time_s": summary["wall_time_s"],
             "objective": "predicted speedup tau(alpha_hat, K) / (v(K + 1) + K c), best K <= k_max",
             "calibration": ch["calibration"], "heldout": ch["heldout"], "vocab": cfg.vocab}
     body = {"fingerprint": fingerprint(model), "best_skip": skip_to_dict(ch["skip"]),

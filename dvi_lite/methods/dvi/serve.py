@@ -209,8 +209,11 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     card to out_dir/dvi/ (out_dir: the artifacts folder, data/smollm2 for SmolLM2). smoke: a few tiny
     sequences (seconds; CI on the course model). Checkpoints in build/ckpt/dvi_smollm2_k<split>: a killed
     run resumes where it stopped. Returns the card."""
+    from dvi_lite.models.loading import bf16_is_fast, default_device, load_once, model_name
+
     recipe = {**RECIPE, **SMOKE} if smoke else dict(RECIPE)
-    model, tok = frozen_model(model_path, "float32" if smoke else "bfloat16")
+    model, tok = frozen_model(*load_once(model_path, "float32" if smoke or not bf16_is_fast(default_device())
+                                         else "bfloat16"))
     n_layers = len(model.model.layers)
     split = min(recipe["split"], n_layers - 1)
     cfg = arm_config("dvi", split=split)
@@ -223,4 +226,4 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         (ckpt / "trainer.pt").unlink()
         trainer, summary = online_run(model, tok, cfg, recipe, ckpt_dir=ckpt, progress=not smoke)
     return save_head(trainer, summary, Path(out_dir) / "dvi", command, recipe,
-                     "SmolLM2-135M-Instruct" if model_path == "smollm2" else str(model_path))
+                     "SmolLM2-135M-Instruct" if model_name(model_path) == "smollm2" else model_name(model_path))

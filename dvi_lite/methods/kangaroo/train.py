@@ -33,7 +33,7 @@ from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint
-from dvi_lite.models.loading import bf16_is_fast, load_model
+from dvi_lite.models.loading import bf16_is_fast, load_model, load_once
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, teacher_for, teacher_path
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
 from dvi_lite.study.provenance import provenance
@@ -199,7 +199,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     pass: `one_pass_steps`), holds its val shards out for the learning curve, resumes from its checkpoint.
     max_minutes: the training-time budget (stop resumably); steps, split: override the recipe's.
     """
-    model, tok = load_model(model_path, dtype="float32")
+    model, tok = load_once(model_path, dtype="float32")
     out_dir = Path(out_dir)
     cfg = replace(SMOLLM2_RECIPE, bf16=SMOLLM2_RECIPE.bf16 and bf16_is_fast(next(model.parameters()).device),
                   max_minutes=max_minutes)

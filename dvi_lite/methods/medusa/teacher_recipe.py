@@ -70,11 +70,11 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     (snapshots in out_dir/curve/). max_minutes: the training-time budget; a run that reaches it saves no heads
     and returns {"stopped": True, ...}: the same call resumes it. steps: override the recipe's.
     """
-    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.loading import load_once
     from dvi_lite.study.provenance import provenance
 
     out_dir = Path(out_dir)
-    model, tok = load_model(model_path, dtype="float32")
+    model, tok = load_once(model_path, dtype="float32")
     for p in model.parameters():
         p.requires_grad_(False)
     val = None

@@ -251,9 +251,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     """
     import tempfile
 
-    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.loading import load_once
 
-    model, tok = load_model(model_path, dtype="float32")
+    model, tok = load_once(model_path, dtype="float32")
     cfg = cfg or TrainConfig()
     if smoke:  # a tiny teacher on a few fixed texts (no generation, no corpus encoding) and 3 steps
         cfg = TrainConfig(**{**asdict(cfg), "steps": 3, "batch_rows": 2, "warmup": 1})
