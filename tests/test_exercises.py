@@ -31,6 +31,13 @@ STUB_ARGS = {  # one valid call per stub
     "kl_weight": (3, 40.0, 0.05),
     "floor_step": (40.0, 0.05),
     "pays_off": (0.7, 0.1, {1: 1.0, 3: 1.2}),
+    "roofline_time": (269e6, 270e6, 11.5, 100.0),
+    "soft_ce": (torch.zeros(2, 3), torch.tensor([[0, 1], [1, 2]]), torch.zeros(2, 2)),
+    "trim_targets": (torch.tensor([[0, 2]]), torch.zeros(1, 2), torch.tensor([0, -1, 1])),
+    "skip_cost": (4, 1.0, 2.0, 3.0, [0], [1, 2]),
+    "head_targets": (torch.zeros(1, 3, 2, dtype=torch.long), torch.zeros(1, 3, 2), torch.ones(1, 3, dtype=torch.bool),
+                     torch.tensor([0]), 0),
+    "reinforce_loss": (torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([1.0, 0.0]), 0.5),
 }
 
 
@@ -188,6 +195,15 @@ def _threshold_on_q(draft, q, p, threshold, gen=None):
     return n, sample(p[n], gen)
 
 
+def _head_targets(ids, lp, mask, t, i, shift: int = 1, end_check: bool = True):
+    """Medusa's head targets with a bug: the wrong offset, or no check that t + 1 + i is inside the row."""
+    s = t + shift + i
+    inside = s < mask.shape[1]
+    s = s.clamp(max=mask.shape[1] - 1)
+    n = torch.arange(len(t))
+    return ids[n, s], lp[n, s], (inside if end_check else True) & mask[n, s]
+
+
 WRONG = {
     "break_even_alpha": {
         "ignores c": lambda k, c, v: solutions.break_even_alpha(k, 0.0, v),
@@ -242,6 +258,37 @@ WRONG = {
     "floor_step": {
         "floor not ceiling": lambda T, floor: None if floor <= 0 else int(T * math.log(1 / floor)),
         "no zero floor": lambda T, floor: math.ceil(T * math.log(1 / floor)),
+    },
+    "roofline_time": {
+        "the smaller floor": lambda b, f, bw, pk: (min(b / (bw * 1e9), f / (pk * 1e9)),
+                                                   "memory" if b / bw >= f / pk else "compute"),
+        "bandwidth in bytes/s": lambda b, f, bw, pk: solutions.roofline_time(b, f, bw * 1e9, pk),
+        "a tie is compute": lambda b, f, bw, pk: (max(b / (bw * 1e9), f / (pk * 1e9)),
+                                                  "memory" if b / bw > f / pk else "compute"),
+    },
+    "soft_ce": {
+        "no renormalisation": lambda lq, ids, lp: -(lp.float().exp() * lq.gather(-1, ids)).sum(-1),
+        "the argmax only": lambda lq, ids, lp: -lq.gather(-1, ids[..., :1]).squeeze(-1),
+        "KL the other way": lambda lq, ids, lp: (lq.gather(-1, ids).exp() * (lq.gather(-1, ids)
+                                                 - lp.float().log_softmax(-1).clamp(min=-1e4))).sum(-1),
+    },
+    "trim_targets": {
+        "off-map tokens kept": lambda ids, lp, ix: (ix[ids].clamp(min=0), lp.float(), (ix[ids] >= 0).any(-1)),
+        "kept = all on the map": lambda ids, lp, ix: (*solutions.trim_targets(ids, lp, ix)[:2], (ix[ids] >= 0).all(-1)),
+    },
+    "skip_cost": {
+        "forgets the fixed part": lambda n, a, m, f, sa, sm: solutions.skip_cost(n, a, m, 0.0, sa, sm),
+        "counts the skipped": lambda n, a, m, f, sa, sm: (f + len(sa) * a + len(sm) * m) / (f + n * (a + m)),
+    },
+    "head_targets": {
+        "head i reads t + i": lambda ids, lp, mask, t, i: _head_targets(ids, lp, mask, t, i, shift=0),
+        "no end check": lambda ids, lp, mask, t, i: _head_targets(ids, lp, mask, t, i, end_check=False),
+    },
+    "reinforce_loss": {
+        "no baseline": lambda lg, tk, r, b: solutions.reinforce_loss(lg, tk, r, 0.0),
+        "the sign flipped": lambda lg, tk, r, b: -solutions.reinforce_loss(lg, tk, r, b),
+        "probability, not log": lambda lg, tk, r, b: -((r.float() - b) * lg.softmax(-1).gather(
+            -1, tk[:, None]).squeeze(-1)).mean(),
     },
     "pays_off": {
         "Leviathan's v = 1": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, {1: 1.0, 2: 1.0}, ks),

@@ -10,17 +10,23 @@ EXERCISES lists them per chapter (the notebooks' two-digit prefix): {chapter: [(
 from __future__ import annotations
 
 EXERCISES: dict[str, list[tuple[str, str]]] = {
-    "00": [("break_even_alpha", "the α at which drafting K tokens per step breaks even, from c and the v(n) table")],
+    "00": [("break_even_alpha", "the α at which drafting K tokens per step breaks even, from c and the v(n) table"),
+           ("roofline_time", "the least time of one forward, streaming the weights or doing the arithmetic")],
     "01": [("expected_tokens", "derive τ(K) = (1 − α^{K+1}) / (1 − α), the mean tokens per target forward"),
            ("acceptance_from_tv", "α as 1 − TV(p, q), shown equal to Σ min(p, q) and to a simulated rate"),
            ("verify_sampling_chain", "lossless speculative sampling of a K-token chain (accept, residual, bonus)"),
            ("broken_threshold_verify", "accept iff p(x) >= threshold, and watch the χ² test reject it"),
-           ("best_k", "the draft length K with the best predicted speedup τ / (v(K+1) + K·c)")],
-    "02": [("drafted_length", "tokens drafted under Kangaroo's second early exit (threshold η, cap K_max)")],
-    "03": [("adaptive_gamma_step", "one update of Draft & Verify's adaptive draft-exit threshold γ")],
-    "04": [("tree_attention_mask", "the tree-attention mask from a parent list: cache, self and ancestors")],
+           ("best_k", "the draft length K with the best predicted speedup τ / (v(K+1) + K·c)"),
+           ("soft_ce", "the distillation loss of every trained draft: cross-entropy against the target's top-k")],
+    "02": [("drafted_length", "tokens drafted under Kangaroo's second early exit (threshold η, cap K_max)"),
+           ("trim_targets", "the target's top-k mapped into the trimmed draft head, off-map tokens masked")],
+    "03": [("adaptive_gamma_step", "one update of Draft & Verify's adaptive draft-exit threshold γ"),
+           ("skip_cost", "the draft cost c of a forward that skips sub-layers: what skipping cannot save")],
+    "04": [("tree_attention_mask", "the tree-attention mask from a parent list: cache, self and ancestors"),
+           ("head_targets", "what Medusa head i is trained on at position t: the target's top-k at t + 1 + i")],
     "05": [("kl_weight", "DVI's KL weight λ_t = max(floor, exp(−t/T))"),
-           ("floor_step", "the first step at which λ_t reaches its floor, in closed form")],
+           ("floor_step", "the first step at which λ_t reaches its floor, in closed form"),
+           ("reinforce_loss", "DVI's policy-gradient term on the accept bit, -(r − b) log π(token)")],
     "06": [("pays_off", "whether any K in 1..8 has predicted speedup > 1, from α, c and v(n)")],
 }
 

@@ -22,6 +22,14 @@ from dvi_lite.core.verify import verify_greedy_chain
 from dvi_lite.core.verify import verify_sampling_chain as reference_verify
 from dvi_lite.course.ch01_speculative_sampling import P_MIN, alpha_of, chi_square, toy_pair, tv
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens as reference_tokens
+from dvi_lite.course.exercises.checks_training import (  # noqa: F401 - re-exported: every check_<name> lives here
+    check_head_targets,
+    check_reinforce_loss,
+    check_roofline_time,
+    check_skip_cost,
+    check_soft_ce,
+    check_trim_targets,
+)
 from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
 from dvi_lite.methods.dvi.losses import lambda_curve, lambda_schedule
 from dvi_lite.methods.early_exit import EarlyExitDrafter

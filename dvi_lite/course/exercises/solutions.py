@@ -150,3 +150,43 @@ def pays_off(alpha: float, c: float, v_table: Mapping[int, float],
              ks: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> bool:
     """Speculation pays iff the best K beats AR: max_K τ(K) / (v(K+1) + K·c) > 1."""
     return any(expected_tokens(alpha, k) / (v_of(v_table, k + 1) + k * c) > 1 for k in ks)
+
+
+# --------------------------------------------------------------------------- what each draft is trained on
+
+def roofline_time(weight_bytes: float, flops: float, bandwidth_gbps: float, gflops: float) -> tuple[float, str]:
+    stream, compute = weight_bytes / (bandwidth_gbps * 1e9), flops / (gflops * 1e9)
+    return max(stream, compute), "memory" if stream >= compute else "compute"
+
+
+def soft_ce(logq: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    p = top_logp.float().softmax(-1)  # renormalised over the kept top-k; -inf -> 0
+    return -(p * logq.gather(-1, top_ids)).sum(-1)
+
+
+def trim_targets(ids: torch.Tensor, logp: torch.Tensor, index_of: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = index_of[ids]
+    on = rows >= 0
+    return rows.clamp(min=0), logp.float().masked_fill(~on, float("-inf")), on.any(-1)
+
+
+def skip_cost(n_layers: int, attn: float, mlp: float, fixed: float, skip_attn: Sequence[int],
+              skip_mlp: Sequence[int]) -> float:
+    kept = fixed + (n_layers - len(skip_attn)) * attn + (n_layers - len(skip_mlp)) * mlp
+    return kept / (fixed + n_layers * (attn + mlp))
+
+
+def head_targets(top_ids: torch.Tensor, top_logp: torch.Tensor, mask: torch.Tensor, t: torch.Tensor, i: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    s = t + 1 + i
+    inside = s < mask.shape[1]
+    s = s.clamp(max=mask.shape[1] - 1)
+    n = torch.arange(len(t))
+    return top_ids[n, s], top_logp[n, s], inside & mask[n, s]
+
+
+def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Tensor, baseline: float
+                   ) -> torch.Tensor:
+    logq = logits.float().log_softmax(-1).gather(-1, tokens[:, None].long()).squeeze(-1)  # (N,)
+    return -((rewards.float() - baseline).detach() * logq).mean()

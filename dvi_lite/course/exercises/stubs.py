@@ -159,3 +159,81 @@ def pays_off(alpha: float, c: float, v_table: Mapping[int, float],
              ks: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> bool:
     """Does speculation pay here: is the predicted speedup τ(K) / (v(K+1) + K·c) > 1 for some K in ks?"""
     raise _todo("pays_off")
+
+
+# --------------------------------------------------------------------------- what each draft is trained on
+
+def roofline_time(weight_bytes: float, flops: float, bandwidth_gbps: float, gflops: float) -> tuple[float, str]:
+    """(00) The least time one decoding forward can take, and what bounds it: (seconds, "memory" or "compute").
+
+    A forward must stream every weight once (weight_bytes at bandwidth_gbps, in 1e9 bytes/s) and do its
+    arithmetic (flops at gflops, 1e9 flop/s). Either floor alone bounds it; the larger one is the roof. Return
+    "memory" when streaming takes at least as long as the arithmetic.
+    Why: it tells you whether verifying K + 1 tokens in one forward can cost about as little as one.
+    """
+    raise _todo("roofline_time")
+
+
+def soft_ce(logq: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """(01) The loss every distilled draft here minimises (the SpS draft, the Kangaroo adapter, the Medusa heads):
+    the cross-entropy of the draft's log-probs `logq` (..., V) against the target's top-k distribution.
+
+    top_ids (..., k) are the target's k most likely tokens and top_logp (..., k) their log-probs; an entry of
+    -inf is a token left out. Renormalise p over the kept top-k (a softmax of top_logp), then return
+    -Σ_j p_j log q(top_ids_j) per position, shape (...).
+    Why: minimising it is minimising KL(p_top-k ‖ q), the draft learning the target's distribution, not only its
+    argmax.
+    """
+    raise _todo("soft_ce")
+
+
+def trim_targets(ids: torch.Tensor, logp: torch.Tensor, index_of: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(02) Map the target's top-k (ids (B, k), logp (B, k)) into a trimmed draft head of N rows.
+
+    index_of (V,) gives each vocabulary id's row in the trimmed head, or -1 if the id is off the map. Return
+    (rows (B, k): index_of[ids] with -1 replaced by 0, logp (B, k) as float with -inf where the id is off the map,
+    kept (B,): whether any of the k ids is on the map).
+    Why: a head over the 8k most used tokens is 6× cheaper than the full 49k one, and the loss must ignore
+    targets the head cannot say (soft_ce renormalises over the rest).
+    """
+    raise _todo("trim_targets")
+
+
+def skip_cost(n_layers: int, attn: float, mlp: float, fixed: float, skip_attn: Sequence[int],
+              skip_mlp: Sequence[int]) -> float:
+    """(03) Draft & Verify's draft cost c: a forward that skips some sub-layers, relative to a full one.
+
+    One attention sub-layer costs attn seconds, one MLP sub-layer mlp, and what every forward pays (embedding,
+    final norm, LM head, overhead) costs fixed. skip_attn / skip_mlp are the layer indices skipped (no
+    repeats). Return the draft forward's time over the full forward's, fixed + n_layers (attn + mlp).
+    Why: skipping half the sub-layers never halves the cost: the LM head and the overhead stay.
+    """
+    raise _todo("skip_cost")
+
+
+def head_targets(top_ids: torch.Tensor, top_logp: torch.Tensor, mask: torch.Tensor, t: torch.Tensor, i: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(04) What Medusa head i learns at position t of each row: the target's distribution one step further
+    ahead per head.
+
+    top_ids / top_logp (N, T, k) hold the target's top-k next-token ids and log-probs at each position (at
+    position s: the distribution of token s + 1); mask (N, T) marks real tokens; t (N,) is one position per row.
+    Head 0 sits with the base model's own next token x_{t+1} and predicts x_{t+2}, so head i predicts
+    x_{t+2+i}: the target's top-k at position s = t + 1 + i. Return (ids (N, k), logp (N, k), valid (N,)):
+    valid is False where s is past the row's end (read position T - 1 there) or not a real token.
+    """
+    raise _todo("head_targets")
+
+
+def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Tensor, baseline: float
+                   ) -> torch.Tensor:
+    """(05) DVI's policy-gradient term on the accept bit: mean over drafts of -(r - b) · log π(token).
+
+    logits (N, V) are the draft head's, tokens (N,) the drafted tokens, rewards (N,) 1 if verification accepted
+    the token and 0 if not, baseline b the running mean reward. The advantage r - b carries no gradient.
+    Return a scalar.
+    Why: tokens accepted more often than usual get pushed up, rejected ones down: the head learns from what
+    verification says, not from a teacher.
+    """
+    raise _todo("reinforce_loss")
