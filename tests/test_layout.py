@@ -294,3 +294,24 @@ def test_no_repeated_logic():
     rows = [line for line in out.splitlines() if re.match(r"D\d+ ", line)]
     logic = [row for row in rows if not row.rstrip().endswith("boilerplate")]
     assert not logic, "repeated logic:\n" + "\n".join(logic)
+
+
+# ----------------------------------------------------------------------------- (h) a tree the GPU machine accepts
+
+TREE_BUDGET_MIB = 60  # the device machine copies the working tree and refuses it above 64 MiB: keep headroom
+
+
+def test_the_tracked_tree_fits_the_device_copy():
+    """Every tracked file together stays under TREE_BUDGET_MIB, so a GPU session can copy the tree. Large generated
+    files (plotly.min.js, build outputs, learning-curve snapshots) stay out of git."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    files = [ROOT / f for f in out.decode().split("\0") if f]
+    total = sum(f.stat().st_size for f in files if f.is_file())
+    biggest = sorted(((f.stat().st_size, f.relative_to(ROOT)) for f in files if f.is_file()), reverse=True)[:5]
+    assert total <= TREE_BUDGET_MIB * 2**20, f"tracked files: {total / 2**20:.1f} MiB > {TREE_BUDGET_MIB} MiB; " \
+        f"largest: {[(str(p), round(s / 2**20, 1)) for s, p in biggest]}"

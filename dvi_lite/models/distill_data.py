@@ -49,7 +49,7 @@ from dvi_lite.models import prompt_pool as pool
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.batch_decode import decode_with_states
 from dvi_lite.models.distill_reader import done_shards
-from dvi_lite.models.distill_record import read_record, record_dir, save_record
+from dvi_lite.models.distill_record import read_meta, read_record, record_dir, save_record
 from dvi_lite.paths import BUILD_DIR
 
 
@@ -174,7 +174,7 @@ def _save_shard(folder: Path, name: str, tensors: dict[str, torch.Tensor], meta:
 def states_from_record(model, record: Path, i: int, cfg: DistillConfig, folder: Path) -> dict:
     """Shard i's states and top-k from its recorded ids (one teacher forward, no generation), into `folder`."""
     name = f"shard_{i:05d}"
-    meta = json.loads((record / f"{name}.json").read_text())
+    meta = read_meta(record, name)
     t0 = time.time()
     rows, plen = read_record(record, name, whole=False)
     tensors = teacher_pass(model, rows, cfg)

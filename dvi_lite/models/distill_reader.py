@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 
 from dvi_lite.core.checks import check_int
+from dvi_lite.models.distill_record import shard_metas
 
 
 def done_shards(folder: Path) -> list[dict]:
     """Metas of the finished prompt shards, in order (a shard is finished when its JSON exists)."""
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("shard_*.json"))]
+    return shard_metas(folder)
 
 
 def is_state_set(folder: str | Path) -> bool:

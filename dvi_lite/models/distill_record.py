@@ -1,14 +1,15 @@
-"""The committed token record of the self-distillation set: every shard's token ids, compressed, with its JSON.
+"""The committed token record of the self-distillation set: every shard's token ids and its JSON, compressed.
 
 On a CPU the answers are the costly part of the set (the model writes them a token at a time); the states and
 top-k log-probs are one teacher forward away from the ids. So `distill-data` keeps each shard's ids here, in a
-committed folder (data/smollm2/distill/ for SmolLM2: about 4 MB per million answer tokens), and a later run
+committed folder (data/smollm2/distill/ for SmolLM2: about 3.5 MB per million answer tokens), and a later run
 on any machine continues from it: it never regenerates a recorded shard and rebuilds states only when asked.
 Drafts that learn from the target's own tokens (hard labels: the target's greedy or sampled answers) read the
 record directly (`token_rows`).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -37,9 +38,25 @@ def save_record(record: Path, name: str, tensors: dict[str, torch.Tensor], last:
         np.savez_compressed(f, ids=ids.astype(np.uint16) if ids.max(initial=0) < 2**16 else ids,
                             lengths=np.diff(off) + 1, prompt_len=tensors["prompt_len"].numpy())
     os.replace(tmp, record / f"{name}.npz")
-    tmp = record / f"{name}.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, record / f"{name}.json")
+    tmp = record / f"{name}.json.gz.tmp"
+    tmp.write_bytes(gzip.compress(json.dumps(meta, indent=1).encode(), mtime=0))  # mtime=0: the same bytes each time
+    os.replace(tmp, record / f"{name}.json.gz")
+
+
+def read_meta(folder: Path, name: str) -> dict:
+    """A shard's JSON: gzipped in the committed record (the prompts' text is most of its bytes), plain in a states
+    set under build/."""
+    gz = Path(folder) / f"{name}.json.gz"
+    if gz.is_file():
+        return json.loads(gzip.decompress(gz.read_bytes()))
+    return json.loads((Path(folder) / f"{name}.json").read_text())
+
+
+def shard_metas(folder: str | Path) -> list[dict]:
+    """Every finished shard's JSON in a record or a states set, in shard order (a shard is finished when its JSON
+    exists; an interrupted write leaves only a .tmp)."""
+    names = sorted({p.name.split(".")[0] for p in Path(folder).glob("shard_*.json*") if p.suffix != ".tmp"})
+    return [read_meta(Path(folder), n) for n in names]
 
 
 def read_record(record: Path, name: str, whole: bool = True) -> tuple[list[list[int]], torch.Tensor]:
@@ -58,7 +75,7 @@ def token_rows(record: str | Path, split: str = "train") -> list[tuple[list[int]
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     record = Path(record)
-    metas = [json.loads(p.read_text()) for p in sorted(record.glob("shard_*.json"))]
+    metas = shard_metas(record)
     if not metas:
         raise FileNotFoundError(f"no recorded shard in {record}: build it with `python -m dvi_lite distill-data`")
     out = []
