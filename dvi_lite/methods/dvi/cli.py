@@ -177,14 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train_on_set(args: argparse.Namespace, command: str) -> dict:
-    """--data: the paper's recipe (paper.train_paper), or with --ablation its three arms over --seeds."""
+def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
+    """--data: the paper's recipe (paper.train_paper), or with --ablation its three arms over --seeds. loaded: a
+    models.loading.Loaded handed down by `prepare` (else args.model is loaded here)."""
     from dvi_lite.models.distill_reader import load_distill
-    from dvi_lite.models.loading import bf16_is_fast, load_model
+    from dvi_lite.models.loading import bf16_is_fast, load_once
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if bf16_is_fast(device) else "float32")  # fp32 where bf16 GEMMs are slow
-    model, tok = load_model(args.model, dtype=dtype, device=device)
+    model, tok = load_once(loaded if loaded is not None else args.model, dtype=dtype, device=device)
     for p in model.parameters():
         p.requires_grad_(False)
     n_layers = Runner.for_model(model).n_layers

@@ -238,6 +238,37 @@ def committed_vocab(model, n: int | None, tokenizer=None) -> torch.Tensor | None
     return load_vocab_ids(model, path)
 
 
+def train_from_set(model_path, data: str | Path | None, cfg: EagleTrainConfig, out: str | Path | None = None,
+                   resume: bool = True, max_tokens: int | None = None, command: str = "") -> dict:
+    """Train the head on the self-distillation set `data` (its states set or its token record; None: the model's
+    set under build/): the train split trains, the val split is held out. Returns the card. model_path: a name, a
+    folder, or a models.loading.Loaded handed down (loaded once)."""
+    from dvi_lite.models.artifacts import artifacts_dir
+    from dvi_lite.models.distill_data import distill_dir
+    from dvi_lite.models.distill_reader import load_distill
+    from dvi_lite.models.loading import load_once
+
+    model, tok = load_once(model_path, dtype="float32")
+    n = model.config.num_hidden_layers
+    layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
+    folder = Path(data) if data else distill_dir(model)
+    train = load_distill(model, folder, "train", layers=layers, final=True, max_tokens=max_tokens)
+    val = load_distill(model, folder, "val", layers=layers, final=True, missing_ok=True)  # None: rows held out
+    out = Path(out) if out else artifacts_dir(model) / "eagle"
+    ids = committed_vocab(model, cfg.head.vocab, tok)
+    return train_eagle(model, train, cfg, out, resume, val, ids, command=command)[1]
+
+
+def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False, data: str | Path | None = None,
+                    max_minutes: float | None = None) -> dict:
+    """`prepare`'s recipe for the EAGLE head: the default config on the set `data`, into out_dir (head.pt + card;
+    curve snapshots in out_dir/curve/, ignored by git). smoke: 3 steps on the first 2k positions."""
+    cfg = EagleTrainConfig(max_minutes=max_minutes)
+    if smoke:
+        cfg = EagleTrainConfig(steps=3, warmup=1, eval_every=0, val_rows=4)
+    return train_from_set(model_path, data, cfg, out_dir, True, 2000 if smoke else None, command)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("eagle-train"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'course', 'smollm2' or a local HF checkpoint folder")
@@ -256,24 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
-        from dvi_lite.models.artifacts import artifacts_dir
-        from dvi_lite.models.distill_data import distill_dir
-        from dvi_lite.models.distill_reader import load_distill
-        from dvi_lite.models.loading import load_model
-
-        model, tok = load_model(args.model, dtype="float32")
         cfg = EagleTrainConfig(head=HeadConfig(tuple(args.layers) if args.layers else None, None, args.vocab or None),
                                ttt_steps=args.ttt_steps, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
                                bf16=args.bf16, max_minutes=args.max_minutes)
-        n = model.config.num_hidden_layers
-        layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
-        folder = Path(args.data) if args.data else distill_dir(model)
-        data = load_distill(model, folder, "train", layers=layers, final=True, max_tokens=args.max_tokens)
-        val = load_distill(model, folder, "val", layers=layers, final=True, missing_ok=True)  # None: rows held out
-        out = Path(args.out) if args.out else artifacts_dir(model) / "eagle"
-        ids = committed_vocab(model, cfg.head.vocab, tok)
-        return train_eagle(model, data, cfg, out, not args.no_resume, val, ids,
-                           command=command_line("eagle-train", argv))[1]
+        return train_from_set(args.model, args.data, cfg, args.out, not args.no_resume, args.max_tokens,
+                              command_line("eagle-train", argv))
 
     card = run_or_usage_error(ap, run)
     print(json.dumps({k: card[k] for k in ("init", "final", "wall_time_s", "train_tokens_seen")}))

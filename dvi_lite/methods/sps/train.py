@@ -243,7 +243,8 @@ SMOKE_TEXTS = ("def add(a, b):\n    return a + b\n", "The quick brown fox jumps 
 
 
 def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False,
-                    cfg: TrainConfig | None = None, data: str | Path | None = None) -> dict:
+                    cfg: TrainConfig | None = None, data: str | Path | None = None,
+                    max_minutes: float | None = None) -> dict:
     """Regenerate the SpS draft of the model at `model_path` (SmolLM2) by the recipe into `out_dir`; its card.
 
     The teacher data is the model's (built first if missing: models/teacher.py); smoke = a tiny teacher built
@@ -255,6 +256,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
 
     model, tok = load_once(model_path, dtype="float32")
     cfg = cfg or TrainConfig()
+    if max_minutes is not None:
+        cfg = TrainConfig(**{**asdict(cfg), "max_minutes": max_minutes})
     if smoke:  # a tiny teacher on a few fixed texts (no generation, no corpus encoding) and 3 steps
         cfg = TrainConfig(**{**asdict(cfg), "steps": 3, "batch_rows": 2, "warmup": 1})
         rows = [tok(t, add_special_tokens=False)["input_ids"][:32] for t in SMOKE_TEXTS]
