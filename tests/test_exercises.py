@@ -38,11 +38,16 @@ STUB_ARGS = {  # one valid call per stub
     "head_targets": (torch.zeros(1, 3, 2, dtype=torch.long), torch.zeros(1, 3, 2), torch.ones(1, 3, dtype=torch.bool),
                      torch.tensor([0]), 0),
     "reinforce_loss": (torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([1.0, 0.0]), 0.5),
+    "prompt_lookup": ([1, 2, 1], 2),
+    "lookup_tau": ([1, 2], [1, 2, 1], 2),
+    "ttt_mask": (3, 1),
+    "ttt_step_loss": ([torch.zeros(1, 3, 4)], torch.zeros(1, 3, 2, dtype=torch.long), torch.zeros(1, 3, 2),
+                      torch.ones(1, 3, dtype=torch.bool)),
 }
 
 
 def test_every_chapter_has_exercises_and_every_exercise_has_its_three_parts():
-    assert sorted(EXERCISES) == [f"{i:02d}" for i in range(7)]
+    assert sorted(EXERCISES) == [f"{i:02d}" for i in range(9)]  # 06 prompt lookup, 07 EAGLE, 08 the study
     assert all(EXERCISES.values()) and len(NAMES) == len(set(NAMES)) == len(STUB_ARGS)
     for name in NAMES:
         stub, sol = getattr(stubs, name), getattr(solutions, name)
@@ -195,6 +200,37 @@ def _threshold_on_q(draft, q, p, threshold, gen=None):
     return n, sample(p[n], gen)
 
 
+def _lookup(tokens, k, max_ngram, latest: bool = True, longest: bool = True, include_tail: bool = False):
+    """The prompt-lookup proposer with a bug: the first occurrence, the shortest n first, or the tail matching
+    itself."""
+    tokens = list(tokens)
+    ns = range(min(max_ngram, len(tokens) - 1), 0, -1)
+    for n in (ns if longest else reversed(ns)):
+        last = len(tokens) if include_tail else len(tokens) - 1
+        ends = range(last, n - 1, -1) if latest else range(n, last + 1)
+        for end in ends:
+            if tokens[end - n:end] == tokens[-n:]:
+                return tokens[end:end + k]
+    return []
+
+
+def _lookup_tau_any_match(prompt, answer, k):
+    """lookup_tau counting every draft token equal to the answer's, not only the prefix before the first miss."""
+    i, steps = 1, 0
+    while i < len(answer):
+        room = min(k, len(answer) - i - 1)
+        draft = solutions.prompt_lookup(list(prompt) + list(answer[:i]), room) if room > 0 else []
+        i, steps = i + sum(d == x for d, x in zip(draft, answer[i:], strict=False)) + 1, steps + 1
+    return (len(answer) - 1) / steps if steps else 1.0
+
+
+def _back(x):
+    """x shifted right by one along T: undoes the first step's shift, so the loss reads unshifted targets."""
+    out = torch.zeros_like(x)
+    out[:, 1:] = x[:, :-1]
+    return out
+
+
 def _head_targets(ids, lp, mask, t, i, shift: int = 1, end_check: bool = True):
     """Medusa's head targets with a bug: the wrong offset, or no check that t + 1 + i is inside the row."""
     s = t + shift + i
@@ -289,6 +325,26 @@ WRONG = {
         "the sign flipped": lambda lg, tk, r, b: -solutions.reinforce_loss(lg, tk, r, b),
         "probability, not log": lambda lg, tk, r, b: -((r.float() - b) * lg.softmax(-1).gather(
             -1, tk[:, None]).squeeze(-1)).mean(),
+    },
+    "prompt_lookup": {
+        "the first occurrence": lambda toks, k, n=3: _lookup(toks, k, n, latest=False),
+        "shortest n first": lambda toks, k, n=3: _lookup(toks, k, n, longest=False),
+        "matches the tail itself": lambda toks, k, n=3: _lookup(toks, k, n, include_tail=True),
+    },
+    "lookup_tau": {
+        "counts the prefill token": lambda p, a, k: solutions.lookup_tau(p, a, k) * len(a) / max(1, len(a) - 1),
+        "accepts after a mismatch": lambda p, a, k: _lookup_tau_any_match(p, a, k),
+    },
+    "ttt_mask": {
+        "causal across steps": lambda t, s: torch.ones(t, (s + 1) * t, dtype=torch.bool).tril(s * t)[None, None],
+        "no earlier steps": lambda t, s: torch.cat([solutions.ttt_mask(t, 0)[0, 0]]
+                                                   + [torch.zeros(t, t, dtype=torch.bool)] * s, 1)[None, None],
+    },
+    "ttt_step_loss": {
+        "no shift": lambda lq, ids, lp, m, d=0.8: solutions.ttt_step_loss(lq, _back(ids), _back(lp), _back(m), d),
+        "no decay": lambda lq, ids, lp, m, d=0.8: solutions.ttt_step_loss(lq, ids, lp, m, 1.0 if d != 1.0 else 0.5),
+        "mean over padding too": lambda lq, ids, lp, m, d=0.8: solutions.ttt_step_loss(lq, ids, lp,
+                                                                                   torch.ones_like(m), d),
     },
     "pays_off": {
         "Leviathan's v = 1": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, {1: 1.0, 2: 1.0}, ks),

@@ -5,7 +5,8 @@
 
 `stubs` states each task and raises NotImplementedError; `checks.check_<name>(fn)` compares fn with the
 package's own code on seeded cases; `solutions` holds worked answers with the same names and signatures.
-EXERCISES lists them per chapter (the notebooks' two-digit prefix): {chapter: [(name, one-line task)]}.
+EXERCISES lists them per chapter (the notebooks' two-digit prefix: 06 prompt lookup, 07 EAGLE, 08 the study):
+{chapter: [(name, one-line task)]}.
 """
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ EXERCISES: dict[str, list[tuple[str, str]]] = {
     "05": [("kl_weight", "DVI's KL weight λ_t = max(floor, exp(−t/T))"),
            ("floor_step", "the first step at which λ_t reaches its floor, in closed form"),
            ("reinforce_loss", "DVI's policy-gradient term on the accept bit, -(r − b) log π(token)")],
-    "06": [("pays_off", "whether any K in 1..8 has predicted speedup > 1, from α, c and v(n)")],
+    "06": [("prompt_lookup", "the prompt-lookup proposer: copy what followed the latest earlier n-gram match"),
+           ("lookup_tau", "greedy prompt lookup's τ on a known answer, without running the model")],
+    "07": [("ttt_mask", "the attention pattern of EAGLE-3's training-time test at unrolled step s"),
+           ("ttt_step_loss", "the training-time-test loss: each step's shifted soft CE, weighted decay^s")],
+    "08": [("pays_off", "whether any K in 1..8 has predicted speedup > 1, from α, c and v(n)")],
 }
 
 

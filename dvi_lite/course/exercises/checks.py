@@ -22,6 +22,12 @@ from dvi_lite.core.verify import verify_greedy_chain
 from dvi_lite.core.verify import verify_sampling_chain as reference_verify
 from dvi_lite.course.ch01_speculative_sampling import P_MIN, alpha_of, chi_square, toy_pair, tv
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens as reference_tokens
+from dvi_lite.course.exercises.checks_chapters import (  # noqa: F401 - re-exported: every check_<name> lives here
+    check_lookup_tau,
+    check_prompt_lookup,
+    check_ttt_mask,
+    check_ttt_step_loss,
+)
 from dvi_lite.course.exercises.checks_training import (  # noqa: F401 - re-exported: every check_<name> lives here
     check_head_targets,
     check_reinforce_loss,

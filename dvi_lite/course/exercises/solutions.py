@@ -190,3 +190,50 @@ def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Te
                    ) -> torch.Tensor:
     logq = logits.float().log_softmax(-1).gather(-1, tokens[:, None].long()).squeeze(-1)  # (N,)
     return -((rewards.float() - baseline).detach() * logq).mean()
+
+
+# --------------------------------------------------------------------------- 06 prompt lookup
+
+def prompt_lookup(tokens: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    tokens = list(tokens)
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for end in range(len(tokens) - 1, n - 1, -1):  # an occurrence tokens[end - n:end] ending before the last
+            if tokens[end - n:end] == tail:
+                return tokens[end:end + k]
+    return []
+
+
+def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int) -> float:
+    i, steps = 1, 0
+    while i < len(answer_ids):
+        room = min(k, len(answer_ids) - i - 1)
+        draft = prompt_lookup(list(prompt_ids) + list(answer_ids[:i]), room) if room > 0 else []
+        acc = 0
+        while acc < len(draft) and draft[acc] == answer_ids[i + acc]:
+            acc += 1
+        i, steps = i + acc + 1, steps + 1
+    return (len(answer_ids) - 1) / steps if steps else 1.0
+
+
+# --------------------------------------------------------------------------- 07 EAGLE
+
+def ttt_mask(t: int, step: int) -> torch.Tensor:
+    blocks = [torch.ones(t, t, dtype=torch.bool).tril()] + [torch.eye(t, dtype=torch.bool)] * step
+    return torch.cat(blocks, 1)[None, None]
+
+
+def _ahead(x: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    out[:, : max(0, x.shape[1] - n)] = x[:, n:]
+    return out
+
+
+def ttt_step_loss(logqs: Sequence[torch.Tensor], top_ids: torch.Tensor, top_logp: torch.Tensor,
+                  mask: torch.Tensor, decay: float = 0.8) -> torch.Tensor:
+    total = torch.zeros(())
+    for s, logq in enumerate(logqs):
+        w = _ahead(mask, 1 + s).float()
+        ce = soft_ce(logq, _ahead(top_ids, 1 + s), _ahead(top_logp, 1 + s))
+        total = total + decay ** s * (ce * w).sum() / w.sum().clamp(min=1.0)
+    return total

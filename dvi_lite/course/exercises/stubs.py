@@ -237,3 +237,54 @@ def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Te
     verification says, not from a teacher.
     """
     raise _todo("reinforce_loss")
+
+
+# --------------------------------------------------------------------------- 06 prompt lookup
+
+def prompt_lookup(tokens: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """The prompt-lookup proposer: up to k draft tokens copied from earlier in `tokens`.
+
+    For n = max_ngram down to 1 (and n < len(tokens)): look for an earlier occurrence of the last n tokens, one
+    that ends before the last token; take the MOST RECENT such occurrence and return the (up to) k tokens that
+    followed it. The first n that matches wins; with no match at any n, return [].
+    Why the most recent: in a list or a repeated template the latest match continues with the next item.
+    """
+    raise _todo("prompt_lookup")
+
+
+def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int) -> float:
+    """τ of greedy prompt lookup on a known answer, without running any model.
+
+    Greedy pld writes AR's answer, so a draft token is accepted exactly when it equals the answer's next token.
+    The first answer token comes from the prefill. Then, with i answer tokens written, one step proposes
+    prompt_lookup(prompt + answer[:i], min(k, len(answer) - i - 1)) (nothing if that is <= 0), accepts the longest
+    prefix equal to answer[i:], and adds those tokens plus one of the target's. Return the answer's tokens after
+    the first, divided by the number of steps (1.0 for a one-token answer).
+    """
+    raise _todo("lookup_tau")
+
+
+# --------------------------------------------------------------------------- 07 EAGLE
+
+def ttt_mask(t: int, step: int) -> torch.Tensor:
+    """The attention pattern of EAGLE-3's training-time test at unrolled step `step` (0-based), for a row of t slots.
+
+    The keys are the t slots of step 0, then the t slots of each step 1..step (shape (t, (step + 1) t)). Slot j of
+    any step stands for one more draft token after position j: it sees step 0's slots 0..j (the committed prefix,
+    causal) and its OWN slot j in every later step up to `step`, nothing else. Return a bool tensor
+    (1, 1, t, (step + 1) t).
+    """
+    raise _todo("ttt_mask")
+
+
+def ttt_step_loss(logqs: Sequence[torch.Tensor], top_ids: torch.Tensor, top_logp: torch.Tensor,
+                  mask: torch.Tensor, decay: float = 0.8) -> torch.Tensor:
+    """The training-time-test loss, given each unrolled step's draft log-probs.
+
+    logqs[s] (B, T, V): the head's log-probs at step s; slot j of step s predicts the token after position
+    j + 1 + s, so its targets are the teacher's top-k at position j + 1 + s: top_ids / top_logp (B, T, k) shifted
+    left by 1 + s (zeros past the end), weighted by mask (B, T) shifted the same way (real tokens only). Step s's
+    loss is the weighted mean soft cross-entropy (exercise soft_ce) over the slots; return Σ_s decay^s · loss_s.
+    Why decay: a later draft token is reached only when every earlier one was accepted, so it matters less.
+    """
+    raise _todo("ttt_step_loss")
