@@ -1,0 +1,106 @@
+"""What more data would buy: a draft's learning curve, fitted and extrapolated, beside what the cost model needs.
+
+Over the range a CPU reaches, a draft's held-out agreement (and its α in decoding) grows about linearly in the
+logarithm of the tokens it has seen: each doubling of the data buys about the same few points, until the draft's
+capacity caps it. `fit` draws that line through a curve's points; `tokens_for` reads off how many tokens would
+reach a target on it. That is an extrapolation and says so: it assumes the line goes on, which a capped draft
+will not do, so it is a lower bound on what is needed, never a promise.
+
+The target itself comes from the cost model: `alpha_for` is the least per-token acceptance at which a draft of
+cost c, with the measured v(n), predicts a given speedup at its best K (methods.draft_verify.objective).
+
+    fit(tokens, values) -> Fit(a, b, r2)        value ≈ a + b ln(tokens)
+    Fit.tokens_for(target)                      tokens at which the line reaches the target (None: never)
+    alpha_for(speedup, c, v)                    the acceptance the cost model asks for
+    needed(rows, key, speedup, c, v)            the two together, for a results row set
+    curves_figure({method: rows}, key)          the curves on a log axis, fits dotted beyond the data
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Fit:
+    """value ≈ a + b ln(tokens), least squares over n points (r2: the share of variance the line explains)."""
+    a: float
+    b: float
+    r2: float | None
+    n: int
+
+    def at(self, tokens: float) -> float:
+        return self.a + self.b * math.log(tokens)
+
+    def tokens_for(self, target: float) -> float | None:
+        """Tokens at which the line reaches `target`; None when it does not rise (b <= 0)."""
+        if self.b <= 0:
+            return None
+        return math.exp((target - self.a) / self.b)
+
+
+def fit(tokens: Sequence[float], values: Sequence[float]) -> Fit:
+    """The log-linear fit of a learning curve; points with a missing value or tokens <= 0 are left out."""
+    pts = [(math.log(t), float(v)) for t, v in zip(tokens, values, strict=True) if v is not None and t and t > 0]
+    if len(pts) < 2:
+        raise ValueError(f"a learning curve needs at least 2 points with tokens > 0 to fit, got {len(pts)}")
+    x, y = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    b, a = np.polyfit(x, y, 1)
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float(((y - (a + b * x)) ** 2).sum()) / ss if ss > 0 else None
+    return Fit(float(a), float(b), r2, len(pts))
+
+
+def alpha_for(speedup: float, c: float, v: Mapping, k_max: int = 8) -> float | None:
+    """The least per-token acceptance α at which the cost model predicts `speedup` (best K <= k_max, τ geometric in
+    α) for a draft of cost c; None when even α = 1 falls short."""
+    from dvi_lite.methods.draft_verify.objective import alpha_needed
+
+    return alpha_needed(speedup, c, v, k_max)
+
+
+def needed(rows: Sequence[Mapping], key: str, speedup: float, c: float, v: Mapping) -> dict:
+    """For one draft's curve (rows with "tokens" and `key`): the fit, the α the cost model needs for `speedup`, and
+    the tokens the line would need to reach it (an extrapolation; None if the line does not rise or no α does)."""
+    f = fit([r["tokens"] for r in rows], [r.get(key) for r in rows])
+    alpha = alpha_for(speedup, c, v)
+    tokens = f.tokens_for(alpha) if alpha is not None else None
+    last = max(r["tokens"] for r in rows)
+    return {"key": key, "fit": {"a": f.a, "b_per_doubling": f.b * math.log(2), "r2": f.r2, "points": f.n},
+            "speedup": speedup, "c": c, "alpha_needed": alpha, "tokens_needed": tokens,
+            "times_the_data": tokens / last if tokens else None,
+            "note": "log-linear extrapolation of the held-out curve: a lower bound, since a draft's capacity caps it"}
+
+
+def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agreement", target: float | None = None,
+                  title: str = "held-out agreement against tokens seen"):
+    """Each method's curve (markers), its log-linear fit (solid over the data, dotted beyond it, up to 30× the data),
+    and, when given, the target the cost model asks for (a dashed line)."""
+    import plotly.graph_objects as go
+
+    from dvi_lite.course.plots import method_color
+
+    fig = go.Figure()
+    for m, rows in curves.items():
+        pts = [(r["tokens"], r[key]) for r in rows if r.get(key) is not None and r["tokens"] > 0]
+        if not pts:
+            continue
+        col = method_color(m)
+        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers+lines", name=m,
+                        marker=dict(color=col, size=8), line=dict(color=col, width=1))
+        if len(pts) >= 2:
+            f = fit([p[0] for p in pts], [p[1] for p in pts])
+            lo, hi = min(p[0] for p in pts), max(p[0] for p in pts)
+            xs = np.geomspace(hi, 30 * hi, 20)
+            fig.add_scatter(x=xs, y=[f.at(x) for x in xs], mode="lines", line=dict(color=col, dash="dot"),
+                            name=f"{m}: fit, +{f.b * math.log(2):.3f} per doubling", showlegend=True)
+            fig.add_scatter(x=[lo, hi], y=[f.at(lo), f.at(hi)], mode="lines", line=dict(color=col, width=0.5),
+                            showlegend=False)
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dash", annotation_text=f"needed: {target:.2f}")
+    fig.update_layout(title=title, xaxis_type="log", xaxis_title="tokens seen (log scale)", yaxis_title=key,
+                      legend_title_text="draft")
+    return fig
