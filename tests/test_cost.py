@@ -111,3 +111,14 @@ def test_memory_bandwidth():
     assert bw["copy_GBps"] > 0 and bw["read_GBps"] > 0 and bw["buffer_mib"] == 8
     with pytest.raises(ValueError, match="mb"):
         memory_bandwidth(mb=0)
+
+
+def test_gemv_rates_and_compute_peak_measure_something():
+    """Shapes and signs only (the numbers are the machine's): a rate per size, all positive; bad sizes refused."""
+    from dvi_lite.study.cost import compute_peak, gemv_rates
+
+    rates = gemv_rates((0.25, 1), repeats=2)
+    assert set(rates) == {0.25, 1} and all(r > 0 for r in rates.values())
+    assert compute_peak(64, repeats=2) > 0
+    with pytest.raises(ValueError, match="matrix size"):
+        gemv_rates((0,))

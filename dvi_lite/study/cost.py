@@ -191,3 +191,51 @@ def memory_bandwidth(mb: int = 512, repeats: int = 5, device: str | torch.device
     nbytes = a.numel() * a.element_size()
     return {"copy_GBps": 2 * nbytes / statistics.median(times["copy"]) / 1e9,
             "read_GBps": nbytes / statistics.median(times["read"]) / 1e9, "buffer_mib": mb}
+
+
+@torch.no_grad()
+def gemv_rates(sizes_mib: tuple[float, ...] = (1, 4, 16, 64, 256), cols: int = 576, repeats: int = 20,
+               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> dict[float, float]:
+    """{matrix MiB: GB/s} of one matrix-vector product (a decoding step's shape: batch 1) over a weight matrix of
+    that size, `cols` wide; median of `repeats` after a warm-up.
+
+    Small matrices stay in the caches between calls and run far above the DRAM figure of `memory_bandwidth`;
+    once a matrix outgrows the last-level cache every call streams it from DRAM. That is why a draft small enough
+    to stay in cache costs a few % of a target forward that streams hundreds of MB.
+    """
+    check_int("cols", cols, 1)
+    check_int("repeats", repeats, 1)
+    dev = torch.device(device)
+    out = {}
+    for mib in sizes_mib:
+        check_real("matrix size (MiB)", mib, 0, low_open=True)
+        rows = max(1, round(mib * 2**20 / (cols * torch.finfo(dtype).bits // 8)))
+        w = torch.randn(rows, cols, dtype=dtype, device=dev)
+        x = torch.randn(cols, dtype=dtype, device=dev)
+        times = []
+        for r in range(repeats + 1):
+            t0 = _now(dev)
+            torch.mv(w, x)
+            if r:
+                times.append(_now(dev) - t0)
+        out[mib] = w.numel() * w.element_size() / statistics.median(times) / 1e9
+    return out
+
+
+@torch.no_grad()
+def compute_peak(n: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> float:
+    """The machine's matrix-multiply rate in GFLOP/s (2 n^3 per n x n product; median of `repeats` after a
+    warm-up): the compute roof a forward over many tokens at once runs against."""
+    check_int("n (matrix side)", n, 1)
+    check_int("repeats", repeats, 1)
+    dev = torch.device(device)
+    a = torch.randn(n, n, dtype=dtype, device=dev)
+    b = torch.randn(n, n, dtype=dtype, device=dev)
+    times = []
+    for r in range(repeats + 1):
+        t0 = _now(dev)
+        a @ b
+        if r:
+            times.append(_now(dev) - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
