@@ -113,7 +113,11 @@ def test_ch05_ablation_helpers_read_the_results_format(tmp_path):
            "arms": {"dvi": arm, "kl": arm}}
     rows = dl.ablation_rows(res)
     assert [r["heldout_tau"] for r in rows] == [1.0, 1.2, 1.2] and rows[1]["stream_accept_last"] == 0.1
-    assert len(dl.ablation_figure(res).data) == 3
+    fig = dl.ablation_figure(res)  # a line per arm, a bar per row (the untrained start included), one colour per arm
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [b.x[0] for b in bars] == [r["arm"] for r in rows] and len(fig.data) == 2 + len(rows)
+    lines = {t.name: t.line.color for t in fig.data if t.type == "scatter"}
+    assert all(b.marker.color == lines[b.x[0]] for b in bars[1:])
     (tmp_path / "r.json").write_text(json.dumps(res))
     assert dl.load_ablation(tmp_path / "r.json") == res
     with pytest.raises(FileNotFoundError, match="ablation"):

@@ -121,18 +121,29 @@ def ablation_rows(res: dict) -> list[dict]:
 
 
 def ablation_figure(res: dict):
-    """Acceptance over the question stream per arm (left) and the final heads' held-out tau (right)."""
+    """Acceptance over the question stream per arm (left) and the final heads' held-out τ (right). Each arm keeps one
+    colour in both panels, each bar carries its value, and the legend sits below so no title overlaps another."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["acceptance over the stream (per bin of questions)",
-                                                        "held-out tau (greedy, bench questions)"])
-    for arm, r in res["arms"].items():
-        xs = [b["questions"][1] for b in r["curve"]]
-        fig.add_scatter(x=xs, y=[b["accept_rate"] for b in r["curve"]], mode="lines+markers",
-                        name=ARM_NAMES.get(arm, arm), row=1, col=1)
-    rows = ablation_rows(res)
-    fig.add_bar(x=[r["arm"] for r in rows], y=[r["heldout_tau"] for r in rows], showlegend=False, row=1, col=2)
+    from dvi_lite.course.plots import legend_below, series_color
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=["acceptance over the stream", "held-out τ of the final head"])
+    table = ablation_rows(res)
+    rows = {r["arm"]: r for r in table}
+    start = table[0]  # the untrained head every arm starts from: grey, for reference
+    fig.add_bar(x=[start["arm"]], y=[start["heldout_tau"]], marker_color="#999999", name=start["arm"], row=1, col=2,
+                text=[f"{start['heldout_tau']:.2f}"], textposition="outside")
+    for i, (arm, r) in enumerate(res["arms"].items()):
+        name, col = ARM_NAMES.get(arm, arm), series_color(i)
+        fig.add_scatter(x=[b["questions"][1] for b in r["curve"]], y=[b["accept_rate"] for b in r["curve"]],
+                        mode="lines+markers", name=name, line=dict(color=col), legendgroup=name, row=1, col=1)
+        tau = rows[name]["heldout_tau"]
+        fig.add_bar(x=[name], y=[tau], marker_color=col, legendgroup=name, showlegend=False, row=1, col=2,
+                    text=[f"{tau:.2f}" if tau is not None else "–"], textposition="outside")
     fig.update_xaxes(title_text="questions answered", row=1, col=1)
+    fig.update_yaxes(title_text="acceptance (per bin of questions)", row=1, col=1)
+    fig.update_yaxes(title_text="τ (greedy, bench questions)", row=1, col=2)
     fig.update_layout(title=f"DVI ablation on {res.get('model')} ({res.get('dtype')}), exit layer "
-                            f"{res['recipe']['split']}, same stream for every arm")
-    return fig
+                            f"{res['recipe']['split']}, the same stream for every arm", title_y=0.97)
+    return legend_below(fig)
