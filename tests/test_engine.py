@@ -244,6 +244,9 @@ def test_stats_aggregates_hand_example():
     assert st.tau == (4 + 2 + 1 + 3) / 4
     assert st.alpha == 6 / 8  # accepted / tested: a step stops testing at its first rejection
     assert st.position_acceptance() == [3 / 4, 2 / 3, 1 / 1]  # conditional on reaching position i
+    from dvi_lite.core.engine import position_counts
+
+    assert position_counts([(s.depth, s.accepted) for s in st.steps]) == [(4, 3), (3, 2), (1, 1)]  # the events
     assert st.accepted_histogram() == [1, 1, 1, 1]
     assert st.tokens_per_s == 5.0
     d = st.to_dict()

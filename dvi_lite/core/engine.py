@@ -107,13 +107,19 @@ def acceptance_rate(log: list[tuple[int, int]]) -> float | None:
     return sum(a for _, a in log) / tested if tested else None
 
 
-def position_acceptance(log: list[tuple[int, int]]) -> list[float]:
-    """P(draft position i accepted | positions < i accepted and position i proposed), i = 0..depth-1."""
+def position_counts(log: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(reached, accepted) per draft position i = 0..depth-1: the steps that proposed position i with every
+    earlier position accepted, and those that accepted it too. A rate over few events is noise: show the counts."""
     out = []
     for i in range(max((d for d, _ in log), default=0)):
         reached = [a for d, a in log if d > i and a >= i]
-        out.append(sum(a > i for a in reached) / len(reached) if reached else 0.0)
+        out.append((len(reached), sum(a > i for a in reached)))
     return out
+
+
+def position_acceptance(log: list[tuple[int, int]]) -> list[float]:
+    """P(draft position i accepted | positions < i accepted and position i proposed), i = 0..depth-1."""
+    return [acc / reached if reached else 0.0 for reached, acc in position_counts(log)]
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Mapping
 
-from dvi_lite.core.engine import acceptance_rate, position_acceptance
+from dvi_lite.core.engine import acceptance_rate, position_acceptance, position_counts
 from dvi_lite.study import cost, paired
 
 
@@ -67,6 +67,7 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None =
             "groups": {d: {"tokens_per_s": gtps[d], "tau": _tau(g), "n_prompts": g["n"], "new_tokens": g["new_tokens"]}
                        for d, g in last["domains"].items()},
             "position_acceptance": position_acceptance(last["log"]),
+            "position_reached": [n for n, _ in position_counts(last["log"])],  # events behind each rate
             "draft_s_per_step": last["draft_s"] / steps if steps else None,
             "verify_s_per_step": last["verify_s"] / steps if steps else None,
             "peak_mem_bytes": max((r["peak_mem_bytes"] for r in rs if r.get("peak_mem_bytes") is not None),
