@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dvi_lite.cli import command_line, prog
 from dvi_lite.paths import BUILD_DIR, ROOT
+from dvi_lite.study.scrub import scrub
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
@@ -39,7 +40,7 @@ def source_hash(nb: dict) -> str:
 
 def write_back(executed: Path, target: Path, seconds: float) -> None:
     """Copy a full run's executed notebook over its source, stamped with the hash of the code it ran."""
-    nb = json.loads(executed.read_text())
+    nb = scrub(json.loads(executed.read_text()), ROOT)  # no machine paths, frozen progress bars or deprecations
     nb["metadata"].pop("widgets", None)  # ipywidgets' saved state (MBs); a live kernel rebuilds the widgets
     for cell in nb["cells"]:  # papermill's MODE = "full" stays visible but inert: Run All keeps the learner default
         if "injected-parameters" in cell.get("metadata", {}).get("tags", []):

@@ -1,0 +1,31 @@
+"""Committed notebook outputs are cleaned of machine paths, frozen progress bars and deprecation notices."""
+from pathlib import Path
+
+from dvi_lite.study.scrub import scrub
+
+ROOT = Path("/somewhere/dvi_lite").resolve()
+
+
+def nb(outputs: list[dict]) -> dict:
+    return {"cells": [{"cell_type": "code", "source": "print(1)", "outputs": outputs}],
+            "metadata": {"papermill": {"input_path": f"{ROOT}/notebooks/x.ipynb", "output_path": f"{ROOT}/build/x"}}}
+
+
+def test_scrub_removes_bars_and_deprecations_and_relativises_paths():
+    outs = [
+        {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "a"},
+                                                 "text/plain": ["bench:   0%|          | 0/13 [00:00<?, ?it/s]"]}},
+        {"output_type": "stream", "name": "stderr", "text": ["[transformers] Passing x is deprecated and will be "
+                                                             "removed in future versions.\n"]},
+        {"output_type": "stream", "name": "stdout", "text": [f"wrote {ROOT}/results/00_foundations.json\n",
+                                                             "τ 1.84\n"]},
+        {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "b"},
+                                                 "text/plain": ["VBox(children=(FloatLogSlider(...),))"]}},
+    ]
+    out = scrub(nb(outs), ROOT)
+    cell = out["cells"][0]
+    assert cell["source"] == "print(1)"  # code untouched: the stamp of what ran stays valid
+    assert [o["output_type"] for o in cell["outputs"]] == ["stream", "display_data"]  # bar and notice gone
+    assert cell["outputs"][0]["text"] == ["wrote results/00_foundations.json\n", "τ 1.84\n"]
+    assert "VBox" in cell["outputs"][1]["data"]["text/plain"][0]  # a real widget stays
+    assert out["metadata"]["papermill"] == {"input_path": "notebooks/x.ipynb", "output_path": "build/x"}
