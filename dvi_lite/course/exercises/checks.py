@@ -1,10 +1,8 @@
 """Checks for the exercises: `check_<name>(fn)` tests ANY implementation of `stubs.<name>`, yours or the solution.
 
-Each compares `fn` with the package's own code on seeded cases (verify, cost model, early-exit drafter, adaptive
-threshold, tree mask, KL schedule), raises AssertionError saying what differs and what to look at, and returns
-"ok: ..." on success; a stub's NotImplementedError passes through. χ² tests: a correct sampler must pass each at
-p-value > P_PASS = 1e-4 (stricter than the course's 1e-3, as a check runs up to seven: a correct function still
-fails about once in 1500 runs; if you are sure of yours, pass another `seed`); the broken rule must FAIL at 1e-3.
+Each compares `fn` with the package's own code on seeded cases, says what differs, returns "ok: ..." (a stub's
+NotImplementedError passes through); the training and new-chapter checks live in checks_training / checks_chapters.
+χ² tests: a correct sampler passes each at p > P_PASS = 1e-4 (a check runs up to seven); the broken rule fails at 1e-3.
 """
 from __future__ import annotations
 
@@ -42,9 +40,7 @@ from dvi_lite.methods.early_exit import EarlyExitDrafter
 from dvi_lite.study.cost import predicted_speedup, v_of
 
 P_PASS = P_MIN / 10  # the p-value a correct sampler must beat in each χ² test of a check
-
-# v(n) tables shaped like notebook 00's (made up): memory-, overhead- and compute-bound, a step (n > 1 takes a
-# slower path, then grows slowly), flat (verification free) and sparse (v_of extrapolates beyond n = 3).
+# made-up v(n) tables: memory-, overhead-, compute-bound, a step, flat (free), sparse (v_of extrapolates past 3)
 V_TABLES: dict[str, dict[int, float]] = {
     "memory": {1: 1.0, 2: 1.01, 3: 1.02, 5: 1.04, 9: 1.1, 17: 1.3},
     "step": {1: 1.0, 2: 1.5, 9: 1.6, 17: 2.0},
