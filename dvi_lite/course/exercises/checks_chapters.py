@@ -2,7 +2,7 @@
 
 Each compares `fn` with the package's own code on seeded cases: the proposer with methods.pld.PromptLookupDrafter,
 τ on a known answer with course.ch06_prompt_lookup.replay, the training-time test's mask with
-methods.eagle.ttt.ttt_mask, and its loss with the package's `ahead` and `soft_ce` (what methods.eagle.ttt.ttt_loss
+methods.eagle.ttt.ttt_mask, and its loss slot by slot with the package's `soft_ce` (what methods.eagle.ttt.ttt_loss
 sums after the head's forward). A stub's NotImplementedError passes through.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import torch
 
 from dvi_lite.course.ch06_prompt_lookup import replay
 from dvi_lite.course.exercises.checks_training import _call, _same
-from dvi_lite.methods.eagle.ttt import ahead
 from dvi_lite.methods.eagle.ttt import ttt_mask as reference_mask
 from dvi_lite.methods.pld import PromptLookupDrafter
 from dvi_lite.models.teacher import soft_ce
@@ -77,16 +76,17 @@ def check_ttt_mask(fn: Callable) -> str:
 
 
 def _reference_ttt(logqs, top_ids, top_logp, mask, decay) -> torch.Tensor:
-    total = torch.zeros(())
+    """The loss read slot by slot: every slot j whose target position j + 1 + s is a real token, its soft CE."""
+    parts = []
     for s, logq in enumerate(logqs):
-        w = ahead(mask, 1 + s).float()
-        ce = soft_ce(logq, ahead(top_ids, 1 + s), ahead(top_logp, 1 + s))
-        total = total + decay ** s * (ce * w).sum() / w.sum().clamp(min=1.0)
-    return total
+        rows, j = torch.nonzero(mask[:, 1 + s:], as_tuple=True)  # slots whose target exists
+        ce = soft_ce(logq[rows, j], top_ids[rows, j + 1 + s], top_logp[rows, j + 1 + s])
+        parts.append(decay ** s * ce.mean() if len(ce) else torch.zeros(()))
+    return torch.stack(parts).sum()
 
 
 def check_ttt_step_loss(fn: Callable, seed: int = 0) -> str:
-    """Against the training-time test's loss assembled from the package's `ahead` and `soft_ce`."""
+    """Against the training-time test's loss read slot by slot with the package's `soft_ce`."""
     gen = torch.Generator().manual_seed(seed)
     for b, t, v, k, steps, decay in ((2, 6, 9, 3, 3, 0.8), (3, 4, 5, 5, 4, 0.5), (1, 3, 7, 2, 1, 1.0)):
         logqs = [torch.randn(b, t, v, generator=gen).log_softmax(-1) for _ in range(steps)]
