@@ -243,3 +243,7 @@ def test_medusa_and_eagle_train_on_the_token_record(built, tmp_path):
                             ttt_steps=2, val_frac=0.2, eval_every=2, ckpt_every=2, bf16=False)
     _, card = train_eagle(model, train, ecfg, tmp_path / "e", resume=False, progress=False)
     assert card["steps"] == 2
+    from dvi_lite.methods.eagle.train import prepare_smollm2 as eagle_recipe  # prepare's recipe, on the record
+
+    card = eagle_recipe("course", tmp_path / "recipe", "pytest", smoke=True, data=record)
+    assert card["steps"] == 3 and (tmp_path / "recipe" / "head.pt").is_file()

@@ -222,8 +222,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             if smoke else []
         return cli.train_on_set(cli.parser().parse_args(argv), command, loaded=model_path)
     recipe = {**RECIPE, **SMOKE} if smoke else dict(RECIPE)
-    model, tok = frozen_model(*load_once(model_path, "float32" if smoke or not bf16_is_fast(default_device())
-                                         else "bfloat16"))
+    loaded, tok = load_once(model_path, "float32" if smoke or not bf16_is_fast(default_device()) else "bfloat16")
+    model, tok = frozen_model(loaded, tokenizer=tok)
     n_layers = len(model.model.layers)
     split = min(recipe["split"], n_layers - 1)
     cfg = arm_config("dvi", split=split)
