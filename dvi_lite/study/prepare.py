@@ -49,7 +49,7 @@ class PrepareConfig:
 # model's artifacts folder, the file it writes there). Every recipe is `fn(model_path, out_dir, command, smoke)`.
 SMOLLM2_RECIPES = (
     ("kangaroo adapter", "dvi_lite.methods.kangaroo.train:prepare_smollm2", ".", "kangaroo/adapter_k4.pt"),
-    ("dvi head", "dvi_lite.methods.dvi.serve:prepare_smollm2", ".", "dvi/policy.pt"),
+    ("dvi head", "dvi_lite.methods.dvi.cli:prepare_smollm2", ".", "dvi/policy.pt"),
     ("draft_verify skip set", "dvi_lite.methods.draft_verify.search:prepare_smollm2", "draft_verify",
      "draft_verify/skip.json"),
     ("medusa heads", "dvi_lite.methods.medusa.teacher_recipe:prepare_smollm2", "medusa", "medusa/heads.pt"),

@@ -232,6 +232,25 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     return card
 
 
+def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False, data: str | Path | None = None,
+                    max_minutes: float | None = None) -> dict:
+    """`prepare`'s recipe for the DVI head: with a self-distillation set, the paper's (KL warm-start on the set, then
+    the online phase; `train_on_set`), saved in bf16 to out_dir/dvi; without one, the online arm (serve's recipe).
+    model_path: a name, a folder, or the models.loading.Loaded that `prepare` hands down."""
+    from dvi_lite.methods.dvi import serve
+
+    if data is None:
+        return serve.prepare_smollm2(model_path, out_dir, command, smoke)
+    from dvi_lite.paths import BUILD_DIR
+
+    argv = ["--data", str(data), "--out", str(Path(out_dir) / "dvi"), "--save-dtype", "bfloat16",
+            "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2")]
+    argv += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
+    argv += ["--warm-start-tokens", "256", "--sequences", "2", "--max-new-tokens", "8", "--eval-prompts", "0"] \
+        if smoke else []
+    return train_on_set(parser().parse_args(argv), command, loaded=model_path)
+
+
 def recipe_metric(res: dict) -> str:
     return res.get("metric", "agree")
 

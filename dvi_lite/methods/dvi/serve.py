@@ -204,23 +204,13 @@ def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str
     return card
 
 
-def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False, data: str | Path | None = None,
-                    max_minutes: float | None = None) -> dict:
+def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
     """Regenerate the committed DVI head by the recipe: the "dvi" arm over the stream, saved (bf16) with a
     card to out_dir/dvi/ (out_dir: the artifacts folder, data/smollm2 for SmolLM2). smoke: a few tiny
     sequences (seconds; CI on the course model). Checkpoints in build/ckpt/dvi_smollm2_k<split>: a killed
     run resumes where it stopped. Returns the card."""
     from dvi_lite.models.loading import bf16_is_fast, default_device, load_once, model_name
 
-    if data is not None:  # the paper's recipe on the set: KL warm-start, then the online phase (methods/dvi/paper.py)
-        from dvi_lite.methods.dvi import cli
-
-        argv = ["--data", str(data), "--out", str(Path(out_dir) / "dvi"), "--save-dtype", "bfloat16",
-                "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2")]
-        argv += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
-        argv += ["--warm-start-tokens", "256", "--sequences", "2", "--max-new-tokens", "8", "--eval-prompts", "0"] \
-            if smoke else []
-        return cli.train_on_set(cli.parser().parse_args(argv), command, loaded=model_path)
     recipe = {**RECIPE, **SMOKE} if smoke else dict(RECIPE)
     loaded, tok = load_once(model_path, "float32" if smoke or not bf16_is_fast(default_device()) else "bfloat16")
     model, tok = frozen_model(loaded, tokenizer=tok)
