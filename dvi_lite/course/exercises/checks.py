@@ -27,6 +27,7 @@ from dvi_lite.course.exercises.checks_chapters import (  # noqa: F401 - re-expor
     check_ttt_step_loss,
 )
 from dvi_lite.course.exercises.checks_training import (  # noqa: F401 - re-exported: every check_<name> lives here
+    _call,
     check_head_targets,
     check_reinforce_loss,
     check_roofline_time,
@@ -49,16 +50,6 @@ V_TABLES: dict[str, dict[int, float]] = {
     "flat": {1: 1.0, 17: 1.0},
     "sparse": {1: 1.0, 3: 1.5},
 }
-
-
-def _call(fn: Callable, label: str, *args, **kwargs):
-    """fn(*args, **kwargs); any error but NotImplementedError becomes an AssertionError naming the case."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the learner's bug, reported with its case
-        raise AssertionError(f"{label} raised {type(e).__name__}: {e}") from e
 
 
 def _close(got, want: float, label: str, tol: float = 1e-9, hint: str = "") -> None:

@@ -20,9 +20,11 @@ from dvi_lite.methods.medusa.teacher_train import trim_targets as reference_trim
 from dvi_lite.models.teacher import soft_ce as reference_soft_ce
 
 
-def _call(fn: Callable, label: str, *args):
+def _call(fn: Callable, label: str, *args, **kwargs):
+    """fn(*args, **kwargs); any error but NotImplementedError becomes an AssertionError naming the case (the one
+    such helper: `checks` and `checks_chapters` import it)."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - the learner's bug, reported with its case
