@@ -259,7 +259,7 @@ def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
     body = json.loads((tmp_path / "dv" / "skip.json").read_text())
     assert load_skip(model, tmp_path / "dv" / "skip.json") == resolve_skip(model, body["best_skip"])
     card = body["card"]
-    assert card["trials"] == 2 and card["device"] == "cpu, 2 cores" and card["command"].startswith("python -m")
+    assert card["trials"] == 2 and card["device"].startswith("cpu") and card["command"].startswith("python -m")
     assert {"data", "commit", "calibration", "heldout"} <= set(card)
     arms = out["sweep"][0]["arms"]
     assert set(arms) == {"uniform_layers", "uniform_sublayers", "random", "bo"}

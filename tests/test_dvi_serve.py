@@ -98,7 +98,7 @@ def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
     card = prepare_smollm2("course", tmp_path, "pytest", smoke=True)
     saved = json.loads((tmp_path / "dvi" / "card.json").read_text())
     assert saved["fast_steps"] == card["fast_steps"] >= 1 and saved["provenance"]["command"] == "pytest"
-    assert saved["data"]["question_ids"] and saved["device"] == "cpu, 2 cores" and saved["wall_time_s"] > 0
+    assert saved["data"]["question_ids"] and saved["device"].startswith("cpu") and saved["wall_time_s"] > 0
     model, _ = dvi_lite.load_model("course")
     pol = load_policy(model, tmp_path / "dvi")
     assert pol.split == card["split"]

@@ -170,8 +170,10 @@ def test_save_and_load_round_trip(target, head, tmp_path, tok, prompts):
     path = save_head(head, tmp_path / "head.pt")
     back = load_head(target, path)
     assert back.layers == head.layers and torch.equal(back.ids, head.ids)
-    for k, v in head.state_dict().items():  # stored in half precision
-        torch.testing.assert_close(back.state_dict()[k], v.half().to(v.dtype) if v.is_floating_point() else v)
+    assert "lm_head.weight" not in torch.load(path, weights_only=False)["state"]  # frozen: the target's rows
+    for k, v in head.state_dict().items():  # stored in half precision, the frozen LM head rebuilt exactly
+        want = v.half().to(v.dtype) if v.is_floating_point() and k != "lm_head.weight" else v
+        torch.testing.assert_close(back.state_dict()[k], want)
     ref = dvi_lite.generate(target, tok, prompts[0], method="ar", max_new_tokens=12, stop_at_eos=False).token_ids
     out = dvi_lite.generate(target, tok, prompts[0], method="eagle", max_new_tokens=12, stop_at_eos=False, head=path)
     assert out.token_ids == ref
@@ -227,3 +229,16 @@ def test_the_lookup_branch_adds_nodes_and_stays_lossless(target, tok, head):
                             k=4, branch=2, max_nodes=3, lookup=True)
     assert out.token_ids == ref
     assert max(s.drafted for s in out.stats.steps) > 3  # some proposal held copied nodes beyond the tree's 3
+
+
+def test_a_trained_lm_head_is_stored_and_a_frozen_one_is_not(target, tmp_path):
+    frozen = EagleHead(target, HeadConfig(vocab=None))
+    trained = EagleHead(target, HeadConfig(vocab=None, train_lm_head=True))
+    assert not frozen.lm_head.weight.requires_grad and trained.lm_head.weight.requires_grad
+    assert trained.extra_params() - frozen.extra_params() == frozen.lm_head.weight.numel()
+    with torch.no_grad():
+        trained.lm_head.weight.add_(0.5)
+    back = load_head(target, save_head(trained, tmp_path / "trained.pt"))
+    assert back.cfg.train_lm_head
+    torch.testing.assert_close(back.lm_head.weight, trained.lm_head.weight.half().float())
+

@@ -15,7 +15,7 @@ TORCH_PIN = "torch==2.13.0"
 EXTRAS = ("course", "dev")  # what `make setup` installs besides the core
 CORE = {"torch", "transformers", "tokenizers", "safetensors", "peft", "numpy", "tqdm", "triton", "gguf"}
 COURSE = {"jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly", "kaleido", "papermill", "nbformat",
-          "optuna", "scipy", "django-static-mathjax"}  # the last: MathJax 3 files for `make book`, offline
+          "optuna", "scipy", "pillow", "django-static-mathjax"}  # the last: MathJax 3 files for `make book`, offline
 
 
 def project() -> dict:

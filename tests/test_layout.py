@@ -298,7 +298,9 @@ def test_no_repeated_logic():
 
 # ----------------------------------------------------------------------------- (h) a tree the GPU machine accepts
 
-TREE_BUDGET_MIB = 60  # the device machine copies the working tree and refuses it above 64 MiB: keep headroom
+# The device machine copies the working tree and refuses it above 64 MiB. A run that carries SmolLM2's GGUF (98 MB)
+# empties the large course files for the call (scripts/gpu_prepare.sh says how), so 1 MiB of headroom is enough.
+TREE_BUDGET_MIB = 63
 
 
 def test_the_tracked_tree_fits_the_device_copy():
@@ -311,7 +313,8 @@ def test_the_tracked_tree_fits_the_device_copy():
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     files = [ROOT / f for f in out.decode().split("\0") if f]
-    total = sum(f.stat().st_size for f in files if f.is_file())
-    biggest = sorted(((f.stat().st_size, f.relative_to(ROOT)) for f in files if f.is_file()), reverse=True)[:5]
+    sizes = [(f.lstat().st_size, f.relative_to(ROOT)) for f in files if f.is_file()]  # a symlink travels as a link
+    total = sum(s for s, _ in sizes)
+    biggest = sorted(sizes, reverse=True)[:5]
     assert total <= TREE_BUDGET_MIB * 2**20, f"tracked files: {total / 2**20:.1f} MiB > {TREE_BUDGET_MIB} MiB; " \
         f"largest: {[(str(p), round(s / 2**20, 1)) for s, p in biggest]}"

@@ -501,7 +501,7 @@ def test_prepare_smoke_on_the_course_model(tmp_path):
 
     card = prepare_smollm2("course", tmp_path, "python -m dvi_lite prepare --smoke", smoke=True)
     assert (tmp_path / "heads.pt").is_file() and (tmp_path / "heads.json").is_file()
-    assert card["steps"] == 3 and card["device"] == "cpu, 2 cores" and card["command"].endswith("--smoke")
+    assert card["steps"] == 3 and card["device"].startswith("cpu") and card["command"].endswith("--smoke")
     assert [r["paper"] for r in card["top1_vs_paper"]] == list(PAPER_TOP1[:2])
     model, _ = load_model("course", dtype="bfloat16")
     heads = load_heads(model, tmp_path / "heads.pt")

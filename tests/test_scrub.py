@@ -29,3 +29,27 @@ def test_scrub_removes_bars_and_deprecations_and_relativises_paths():
     assert cell["outputs"][0]["text"] == ["wrote results/00_foundations.json\n", "τ 1.84\n"]
     assert "VBox" in cell["outputs"][1]["data"]["text/plain"][0]  # a real widget stays
     assert out["metadata"]["papermill"] == {"input_path": "notebooks/x.ipynb", "output_path": "build/x"}
+
+
+def test_embedded_pngs_get_a_palette_and_stay_the_same_picture():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from dvi_lite.study.scrub import shrink_png
+
+    im = Image.new("RGB", (300, 120), "white")
+    for x in range(300):  # a chart-like picture: a few flat colours and a gradient line
+        im.putpixel((x, 60 + x % 7), (31, 119, 180))
+        im.putpixel((x, 20), (255 - x % 200, 127, 14))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    png = buf.getvalue()
+    nb = {"cells": [{"cell_type": "code", "source": "", "outputs": [
+        {"output_type": "display_data", "data": {"image/png": base64.b64encode(png).decode()}}]}], "metadata": {}}
+    out = scrub(nb, Path("/nowhere"))["cells"][0]["outputs"][0]["data"]["image/png"]
+    small = base64.b64decode(out)
+    assert len(small) <= len(png) and small == shrink_png(png)
+    back = Image.open(io.BytesIO(small)).convert("RGB")
+    assert back.size == im.size and list(back.getdata()) == list(im.getdata())  # few colours: nothing lost

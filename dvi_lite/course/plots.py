@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from dvi_lite.paths import BUILD_DIR, ROOT
+from dvi_lite.study.scrub import shrink_file
 
 FIGURES_DIR = ROOT / "figures"
 _warned = False
@@ -68,6 +69,7 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
             # plotly's default export is 700 px wide, which clips a long title: use the notebooks' PNG width
             fig.write_image(out / f"{name}.png", width=fig.layout.width or PNG_SIZE["width"],
                             height=fig.layout.height or PNG_SIZE["height"], scale=1.5)
+            shrink_file(out / f"{name}.png")
             paths.append(out / f"{name}.png")
         except Exception as e:  # kaleido/chromium trouble must not lose the HTML figure
             warnings.warn(f"PNG export of {name} failed ({e}); HTML written", stacklevel=2)

@@ -226,6 +226,11 @@ def soft_ce(logq: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -
     return -(p * logq.gather(-1, top_ids)).sum(-1)
 
 
+def one_pass_steps(data: TeacherData, batch_rows: int) -> int:
+    """Steps that draw as many rows as the data holds (one pass on average): every set recipe's default."""
+    return max(1, -(-data.tokens.shape[0] // batch_rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("teacher"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'course', 'smollm2' or a local HF checkpoint folder")
@@ -251,3 +256,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+

@@ -72,14 +72,14 @@ def prepare_smollm2(model_path: str, force: bool = False, command: str = "", smo
     import importlib
     import inspect
 
-    from dvi_lite.models.loading import Loaded, bf16_is_fast, default_device, load_model
+    from dvi_lite.models.loading import Loaded, load_model
     from dvi_lite.models.teacher import teacher_for
     from dvi_lite.models.vocab import build_vocab_map, vocab_map_path
     from dvi_lite.paths import BUILD_DIR
 
-    # loaded once, in the fast dtype here (bf16 is much slower than fp32 on a CPU without bf16 units), and handed
-    # to every recipe
-    model, tok = load_model(model_path, dtype="bfloat16" if bf16_is_fast(default_device()) else "float32")
+    # loaded once, in fp32 (what every recipe asks for: its pieces train from fp32 weights, and a CPU without bf16
+    # units runs fp32 faster anyway), and handed to every recipe
+    model, tok = load_model(model_path, dtype="float32")
     loaded = Loaded(model, tok, str(model_path))
     # smoke (a dry run of every recipe, seconds each) writes under build/, never over the committed pieces
     home = BUILD_DIR / "prepare_smoke" / fingerprint(model) if smoke else artifacts_dir(model)
@@ -95,8 +95,9 @@ def prepare_smollm2(model_path: str, force: bool = False, command: str = "", smo
     if unknown:
         raise ValueError(f"only: unknown piece {unknown[0]!r}; the pieces: {', '.join(pieces)}")
     todo = {k for k, v in pieces.items() if (force or not v.is_file()) and (not only or k in only)}
-    # the teacher data: built once (about 20 min on 2 cores), then the map and every recipe read it
-    teacher = None if smoke else teacher_for(model, tok)
+    # the small teacher set: built once (about 20 min on 2 cores) for the map and the recipes that do not read a set
+    needs_teacher = "vocabulary map" in todo or data is None
+    teacher = teacher_for(model, tok) if needs_teacher and not smoke else None
     if "vocabulary map" in todo:  # counted on the corpus and on the model's own answers to training questions
         answers = None if teacher is None else teacher.tokens[: len(teacher.card["questions"])]
         answers = None if answers is None else answers[teacher.mask[: len(answers)]]

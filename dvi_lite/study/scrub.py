@@ -5,10 +5,14 @@ outputs first. It never touches code, so the stamp of the code a run executed st
 - a progress bar saved in a notebook is frozen at its first frame (a tqdm widget's text is "0%|"), so it goes;
 - a library's deprecation notice on stderr says nothing about the lesson, so its lines go;
 - an absolute path of this checkout ("/home/.../dvi_lite/results/x.json") becomes relative ("results/x.json"),
-  and so do papermill's input and output paths.
+  and so do papermill's input and output paths;
+- an embedded PNG is stored with a 256-colour palette (`shrink_png`): a plotly chart has few colours, so it looks
+  the same at about a quarter of the bytes, and every committed MB is one the GPU machine's copy cannot carry.
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 from pathlib import Path
@@ -22,6 +26,32 @@ def _text(x) -> str:
     return x if isinstance(x, str) else "".join(x)
 
 
+def shrink_png(data: bytes) -> bytes:
+    """The PNG with a 256-colour palette (no dithering), when that is smaller; unchanged without Pillow."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return data
+    im = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    im.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, "PNG", optimize=True)
+    return out.getvalue() if out.tell() < len(data) else data
+
+
+def shrink_file(path: str | Path) -> None:
+    """A PNG file rewritten by `shrink_png`, in place."""
+    path = Path(path)
+    path.write_bytes(shrink_png(path.read_bytes()))
+
+
+def _shrink_images(o: dict) -> dict:
+    png = o.get("data", {}).get("image/png")
+    if not isinstance(png, str):
+        return o
+    small = base64.b64encode(shrink_png(base64.b64decode(png))).decode()
+    return {**o, "data": {**o["data"], "image/png": small}}
+
+
 def _keep_output(o: dict) -> dict | None:
     """The output with progress bars and deprecation lines removed; None when nothing is left."""
     data = o.get("data", {})
@@ -33,7 +63,7 @@ def _keep_output(o: dict) -> dict | None:
         if not lines:
             return None
         o = {**o, "text": lines}
-    return o
+    return _shrink_images(o)
 
 
 def scrub(nb: dict, root: Path) -> dict:

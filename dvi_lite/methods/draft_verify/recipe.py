@@ -216,7 +216,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     """
     from dvi_lite.models.loading import load_once
     from dvi_lite.models.teacher import TeacherConfig, load_teacher, teacher_outputs, teacher_path
-    from dvi_lite.study.provenance import git_commit, provenance
+    from dvi_lite.study.provenance import device_name, git_commit, provenance
 
     cfg = cfg if cfg is not None else RecipeConfig.smoke() if smoke else RecipeConfig()
     torch.manual_seed(cfg.seed)
@@ -236,7 +236,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     card = {"data": {"teacher": str(tpath), "n_rows": data.card.get("n_rows"), "rows": summary["rows"],
                      "positions": summary["positions"], "teacher_commit": tcommit},
             "trials": cfg.trials, "ratios": list(cfg.ratios), "command": command, "commit": git_commit(),
-            "device": "cpu, 2 cores", "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "device": device_name(next(model.parameters()).device),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "wall_time_s": summary["wall_time_s"],
             "objective": "predicted speedup tau(alpha_hat, K) / (v(K + 1) + K c), best K <= k_max",
             "calibration": ch["calibration"], "heldout": ch["heldout"], "vocab": cfg.vocab}

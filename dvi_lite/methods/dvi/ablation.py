@@ -132,7 +132,6 @@ def run(args: argparse.Namespace, command: str) -> dict:
         print(json.dumps({"arm": arm, "fast_steps": summary["fast_steps"], "heldout": summary["heldout"]}))
         del trainer
     res["provenance"] = provenance(command)
-    res["provenance"]["device_words"] = "cpu, 2 cores"
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")

@@ -185,7 +185,7 @@ def heldout_before(model, tok, cfg: DVIConfig, recipe: dict[str, Any]) -> dict:
 def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str, recipe: dict[str, Any],
               model_name: str = "SmolLM2-135M-Instruct") -> dict:
     """out_dir/policy.pt (bf16) + card.json: data (the stream's question ids), steps, command, commit, device."""
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.study.provenance import device_name, provenance
 
     out_dir = Path(out_dir)
     f = trainer.save_policy(out_dir, dtype=torch.bfloat16)
@@ -197,7 +197,8 @@ def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str
             "fast_steps": trainer.fast_step, "experiences": trainer.buffer.n_seen,
             "tokens_generated": trainer.tokens_generated, "recipe": recipe, "config": trainer.cfg.to_dict(),
             "warm_start": "none: the exit head starts as the model's own early exit at layer k (zero-init LoRA)",
-            "device": "cpu, 2 cores", "wall_time_s": summary["train_wall_s"], "heldout": summary["heldout"],
+            "device": device_name(trainer.runner.device),
+            "wall_time_s": summary["train_wall_s"], "heldout": summary["heldout"],
             "bytes": f.stat().st_size, "provenance": provenance(command, device=trainer.runner.device)}
     card.update(command=card["provenance"]["command"], commit=card["provenance"]["commit"])
     (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")

@@ -46,6 +46,8 @@ class HeadConfig:
     layers: tuple[int, ...] | None = None  # states after these many target layers (3 of them); None = default_layers
     init_layer: int | None = None  # target layer copied into the decoder layer; None = the one after the highest fused
     vocab: int | None = 8192  # trimmed draft vocabulary: this model's top-N map; None = the full vocabulary
+    train_lm_head: bool = False  # EAGLE-3 trains its draft LM head; False keeps the target's rows frozen and
+    # shared (EAGLE-1/2), so the committed head is the fusion and the layer alone: about half the bytes
 
     def resolved(self, n_layers: int) -> "HeadConfig":
         """The config with its None filled in for an n_layers target, every value checked (ValueError names it)."""
@@ -57,7 +59,7 @@ class HeadConfig:
         check_int("init_layer", init, 0, n_layers - 1, what="the target layer the decoder layer starts from")
         if self.vocab is not None:
             check_int("vocab (draft vocabulary size N)", self.vocab, 1)
-        return HeadConfig(tuple(sorted(layers)), init, self.vocab)
+        return HeadConfig(tuple(sorted(layers)), init, self.vocab, bool(self.train_lm_head))
 
 
 class StepKV:
@@ -107,6 +109,7 @@ class EagleHead(nn.Module):
             self.layer.load_state_dict(model.model.layers[self.cfg.init_layer].state_dict())
             self.norm.weight.copy_(model.model.norm.weight)
             self.lm_head.weight.copy_(emb.index_select(0, ids.to(emb.device)))  # the target's rows of the map
+        self.lm_head.weight.requires_grad_(self.cfg.train_lm_head)
         self._embed = [model.get_input_embeddings()]  # the target's frozen embedding, shared (not a submodule)
         p = next(model.parameters())
         inv_freq = self.rotary.inv_freq.clone()
@@ -118,8 +121,12 @@ class EagleHead(nn.Module):
         return self.cfg.layers
 
     def extra_params(self) -> int:
-        """Values the head adds to the target: fc, proj, its layer, norms and its own (trimmed) LM head."""
-        return sum(p.numel() for p in self.parameters())
+        """Values the head adds to the target: fc, proj, its layer, norms, and its own LM head when it trains one."""
+        return sum(p.numel() for p in self.trainable())
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters training updates (the LM head only when cfg.train_lm_head)."""
+        return [p for p in self.parameters() if p.requires_grad]
 
     def fuse(self, states: list[torch.Tensor]) -> torch.Tensor:
         """[h_low, h_mid, h_high] (B, T, D) each -> F (B, T, D)."""
@@ -170,7 +177,8 @@ def save_head(head: EagleHead, path: str | Path) -> Path:
     """The head in half precision (what is committed), with its config and the target's fingerprint; atomic."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.half() if v.is_floating_point() else v for k, v in head.state_dict().items()}
+    state = {k: v.half() if v.is_floating_point() else v for k, v in head.state_dict().items()
+             if head.cfg.train_lm_head or k != "lm_head.weight"}  # a frozen LM head is the target's rows
     body = {"cfg": asdict(head.cfg), "fingerprint": head.model_fingerprint, "state": state}
     tmp = path.with_name(path.name + ".tmp")
     torch.save(body, tmp)
@@ -185,9 +193,13 @@ def load_head(model, path: str | Path | None = None) -> EagleHead:
     def load() -> EagleHead:
         body = read_piece(path, model, "EAGLE head", TRAIN_COMMAND)
         c = body["cfg"]
-        head = EagleHead(model, HeadConfig(tuple(c["layers"]), c["init_layer"], c["vocab"]), body["state"]["ids"])
+        cfg = HeadConfig(tuple(c["layers"]), c["init_layer"], c["vocab"], c.get("train_lm_head", True))
+        head = EagleHead(model, cfg, body["state"]["ids"])
         p = next(model.parameters())
-        head.load_state_dict({k: v.to(p.dtype) if v.is_floating_point() else v for k, v in body["state"].items()})
+        state = {k: v.to(p.dtype) if v.is_floating_point() else v for k, v in body["state"].items()}
+        if not cfg.train_lm_head:
+            state["lm_head.weight"] = head.lm_head.weight.detach()  # the target's rows, rebuilt, not stored
+        head.load_state_dict(state)
         return head.eval()
 
     return load_cached("eagle_head", model, path, load)

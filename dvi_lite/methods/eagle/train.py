@@ -5,7 +5,9 @@ Input: a `TeacherData` (models/teacher.py), e.g. the self-distillation set read 
 after the fused layers, and the target's top-k next tokens with their log-probs. Target: that top-k,
 renormalised on the head's draft vocabulary (soft_ce; a position with no target on the map is skipped). Loss:
 EAGLE-3's training-time test (ttt.py), `ttt_steps` unrolled steps weighted decay**s. The target stays frozen
-(its embedding is only read); the whole head trains: fc, the projection, its layer, norms and LM head.
+(its embedding is only read); the head trains fc, the projection, its layer and norms, and its LM head too when
+HeadConfig.train_lm_head (EAGLE-3; else the target's rows stay frozen and shared, as in EAGLE-1/2). On a set,
+the default is one pass over its rows.
 
 AdamW, warm-up + cosine, gradient clipping, fp32 (bf16 autocast as an option, for GPUs). Checkpoints are atomic (a
 temporary file renamed) every `ckpt_every` steps and every `ckpt_every_s` seconds, and hold the head, the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +36,8 @@ from dvi_lite.course_model.train import lr_at
 from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, save_head
 from dvi_lite.methods.eagle.ttt import ttt_loss
 from dvi_lite.models.artifacts import fingerprint
-from dvi_lite.models.teacher import TeacherData
+from dvi_lite.models.teacher import TeacherData, one_pass_steps
+from dvi_lite.study.provenance import provenance
 
 
 @dataclass
@@ -155,7 +158,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
         train_rows, val_rows = torch.arange(len(data.tokens)), torch.arange(len(val_data.tokens))
         val, val_states = val_data, fused_states(val_data, hcfg.layers, n_layers)
     val_rows = val_rows[: cfg.val_rows]
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(head.trainable(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, tokens, elapsed, log, curve, init = 0, 0, 0.0, [], [], None
     if resume and ckpt.is_file():
@@ -177,7 +180,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
         loss, stats = _loss(head, b, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(head.trainable(), cfg.grad_clip)
         opt.step()
         tokens += int(b["mask"].sum())
         bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -205,13 +208,16 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
     head.eval()
     final = evaluate(head, val, val_states, val_rows, cfg)
     path = save_head(head, out_dir / "head.pt")
-    card = {"what": "EAGLE-3-style head: fc over the fused target layers, one decoder layer, trimmed draft LM head",
+    lm = "trained" if hcfg.train_lm_head else "the target's rows, frozen and shared (not stored)"
+    card = {"what": f"EAGLE-3-style head: fc over the fused layers, one decoder layer, trimmed draft LM head ({lm})",
             "target": fingerprint(model), "config": asdict(cfg), "head": asdict(hcfg), "vocab_n": len(head.ids),
             "params": head.extra_params(), "bytes_fp16": path.stat().st_size, "steps": cfg.steps,
             "train_tokens_seen": tokens, "train_rows": len(train_rows), "val_rows": len(val_rows),
             "data": {k: data.card.get(k) for k in ("source", "split", "n_rows", "n_tokens", "model")},
             "init": init, "final": final, "curve": curve, "log": log[:: max(1, len(log) // 100)],
-            "wall_time_s": round(time.time() - t0, 1), "command": command}
+            "wall_time_s": round(time.time() - t0, 1), "command": command,
+            "provenance": provenance(command, dev)}
+    card.update(commit=card["provenance"]["commit"], device=card["provenance"]["device"])
     (out_dir / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
     return head, card
 
@@ -256,6 +262,8 @@ def train_from_set(model_path, data: str | Path | None, cfg: EagleTrainConfig, o
     val = load_distill(model, folder, "val", layers=layers, final=True, missing_ok=True)  # None: rows held out
     out = Path(out) if out else artifacts_dir(model) / "eagle"
     ids = committed_vocab(model, cfg.head.vocab, tok)
+    if cfg.steps == EagleTrainConfig.steps:  # the set recipe: one pass over its rows unless steps were chosen
+        cfg = replace(cfg, steps=one_pass_steps(train, cfg.batch_rows))
     return train_eagle(model, train, cfg, out, resume, val, ids, command=command)[1]
 
 

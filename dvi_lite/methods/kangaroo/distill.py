@@ -123,8 +123,8 @@ def map_targets(head: TrimmedHead, top_ids: torch.Tensor, top_logp: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher top-k in the trimmed head's index space: (ids (..., k) in [0, N), logp with -inf off the map,
     keep (...) bool: the position has at least one target on the map)."""
-    inv = torch.full((head.vocab_size,), -1, dtype=torch.long)
-    inv[head.ids.cpu()] = torch.arange(len(head))
+    inv = torch.full((head.vocab_size,), -1, dtype=torch.long, device=top_ids.device)
+    inv[head.ids.to(top_ids.device)] = torch.arange(len(head), device=top_ids.device)
     small = inv[top_ids]  # (..., k)
     on = small >= 0
     keep = on.any(-1)
@@ -133,11 +133,13 @@ def map_targets(head: TrimmedHead, top_ids: torch.Tensor, top_logp: torch.Tensor
     return small.clamp(min=0), logp, keep
 
 
-def teacher_batch(data: TeacherData, split: int, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Rows `rows` of the teacher data, cropped to their longest valid length: h (B, T, D) fp32, mask, top-k."""
+def teacher_batch(data: TeacherData, split: int, rows: torch.Tensor, device=None) -> dict[str, torch.Tensor]:
+    """Rows `rows` of the teacher data, cropped to their longest valid length, on `device` (the data stays on the
+    CPU): h (B, T, D) fp32, mask, top-k."""
     t = data.width(rows)
-    return {"h": data.state(split)[rows, :t].float(), "mask": data.mask[rows, :t],
-            "top_ids": data.top_ids[rows, :t], "top_logp": data.top_logp[rows, :t], "tokens": data.tokens[rows, :t]}
+    b = {"h": data.state(split)[rows, :t].float(), "mask": data.mask[rows, :t],
+         "top_ids": data.top_ids[rows, :t], "top_logp": data.top_logp[rows, :t], "tokens": data.tokens[rows, :t]}
+    return {k: v.to(device) for k, v in b.items()} if device is not None else b
 
 
 def draft_logits(adapter: KangarooAdapter, runner: Runner, head: TrimmedHead, h: torch.Tensor,
@@ -171,7 +173,7 @@ def evaluate(adapter: KangarooAdapter, runner: Runner, head: TrimmedHead, data: 
     per_row = []
     for i in range(0, len(rows), batch_rows):
         r = rows[i:i + batch_rows]
-        b = teacher_batch(data, adapter.split, r)
+        b = teacher_batch(data, adapter.split, r, next(adapter.parameters()).device)
         logits = draft_logits(adapter, runner, head, b["h"]).float()  # (B, T, N)
         logq = logits.log_softmax(-1)
         ids, logp, keep = map_targets(head, b["top_ids"], b["top_logp"])
@@ -179,7 +181,8 @@ def evaluate(adapter: KangarooAdapter, runner: Runner, head: TrimmedHead, data: 
         loss_sum += float((soft_ce(logq, ids, logp) * w).sum())
         w_sum += float(w.sum())
         conf, top = logq.exp().max(-1)  # (B, T)
-        top = head.ids.cpu()[top]  # back to vocabulary ids
+        b = {k: v.cpu() for k, v in b.items()}  # the per-row detail is kept on the CPU
+        conf, top = conf.cpu(), head.ids.cpu()[top.cpu()]  # back to vocabulary ids
         match = (top == b["top_ids"][..., 0]) & b["mask"]
         for j, row in enumerate(r.tolist()):
             n = int(b["mask"][j].sum())
@@ -256,7 +259,7 @@ def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bo
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tcfg)
         rows = train_rows[torch.randint(len(train_rows), (cfg.batch_rows,), generator=gen)]
-        b = teacher_batch(data, cfg.split, rows)
+        b = teacher_batch(data, cfg.split, rows, next(adapter.parameters()).device)
         loss = teacher_loss(adapter, runner, head, b, cfg.bf16)
         opt.zero_grad(set_to_none=True)
         loss.backward()

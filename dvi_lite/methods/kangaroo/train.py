@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -34,7 +33,7 @@ from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint
 from dvi_lite.models.loading import bf16_is_fast, load_model, load_once
-from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, teacher_for, teacher_path
+from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, one_pass_steps, teacher_for, teacher_path
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
 from dvi_lite.study.provenance import provenance
 
@@ -175,11 +174,6 @@ def load_set(model, folder: str | Path, split: int, val_max_tokens: int) -> tupl
     train = load_distill(model, folder, "train", layers=(split,))
     val = load_distill(model, folder, "val", layers=(split,), max_tokens=val_max_tokens, missing_ok=True)
     return train, val
-
-
-def one_pass_steps(data: TeacherData, batch_rows: int) -> int:
-    """Steps that draw as many rows as the data holds (one pass on average): the set recipe's default."""
-    return max(1, math.ceil(data.tokens.shape[0] / batch_rows))
 
 
 def set_ckpt(model, split: int, folder: str | Path, out: Path) -> Path:

@@ -16,7 +16,6 @@ import torch
 
 from dvi_lite.methods.medusa.heads import MedusaHeads, save_heads
 from dvi_lite.methods.medusa.teacher_train import (
-    DEVICE,
     PAPER_TOP1,
     DistillConfig,
     distill_with_curve,
@@ -71,7 +70,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     and returns {"stopped": True, ...}: the same call resumes it. steps: override the recipe's.
     """
     from dvi_lite.models.loading import load_once
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.study.provenance import device_name, provenance
 
     out_dir = Path(out_dir)
     model, tok = load_once(model_path, dtype="float32")
@@ -140,8 +139,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             "final_loss_per_head": log[-1]["per_head"] if log else None,
             "accuracy": acc, "top1_vs_paper": beside_paper(acc["top1"]), "curve": run["curve"],
             "wall_time_s": round(train_s + time.time() - t_eval, 1), "train_time_s": round(train_s, 1),
-            "config": asdict(cfg), "device": DEVICE, "smoke": smoke, "command": command,
-            "provenance": provenance(command, "cpu"), "log": log[:: max(1, len(log) // 40)]}
+            "config": asdict(cfg), "device": device_name(next(heads.parameters()).device),
+            "smoke": smoke, "command": command,
+            "provenance": provenance(command, next(heads.parameters()).device), "log": log[:: max(1, len(log) // 40)]}
     card["commit"] = _short_commit()
     save_heads(heads, model, out_dir / "heads.pt", card)
     return card

