@@ -33,3 +33,25 @@ def test_curves_figure_has_a_trace_per_curve_and_its_fit():
     fig = scaling.curves_figure({"sps": rows, "kangaroo": rows[:1]}, target=0.5)
     names = [t.name for t in fig.data]
     assert "sps" in names and "kangaroo" in names and any(n and n.startswith("sps: fit") for n in names)
+
+
+def test_scaling_report_reads_every_card_format_and_the_bench(tmp_path, capsys):
+    import json
+
+    (tmp_path / "eagle").mkdir()
+    (tmp_path / "sps").mkdir()
+    (tmp_path / "eagle" / "card.json").write_text(json.dumps({"curve": [
+        {"tokens_seen": t, "val_agreement": 0.1 + 0.05 * math.log2(t / 1e5)} for t in (1e5, 2e5, 4e5)]}))
+    (tmp_path / "sps" / "card.json").write_text(json.dumps({"curve": [{"tokens": 1e5, "val_agreement": 0.2}]}))
+    bench = {"verify_cost": {"1": 1.0, "2": 1.05, "5": 1.1, "9": 1.2},
+             "methods": {"eagle:tree=chain": {"c": 0.05, "tau": 1.5, "alpha": 0.3, "speedup_vs_ar": 1.1}}}
+    rep = scaling.scaling_report(tmp_path, bench, (1.3,))
+    assert set(rep) == {"eagle"}  # sps: one curve point and no bench row
+    t = rep["eagle"]["targets"][0]
+    assert t["fit"]["b_per_doubling"] == pytest.approx(0.05) and t["alpha_needed"] is not None
+    assert t["tokens_needed"] == pytest.approx(1e5 * 2 ** ((t["alpha_needed"] - 0.1) / 0.05), rel=1e-6)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(bench))
+    with pytest.raises(SystemExit):  # no piece with a curve and a bench row: a clear usage error
+        scaling.main(["--bench", str(path), "--pieces", str(tmp_path / "sps")])
+    assert "no piece in" in capsys.readouterr().err

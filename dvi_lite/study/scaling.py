@@ -104,3 +104,74 @@ def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agree
     fig.update_layout(title=title, xaxis_type="log", xaxis_title="tokens seen (log scale)", yaxis_title=key,
                       legend_title_text="draft")
     return fig
+
+
+# piece card (under the model's artifacts folder) and the bench row whose c is the piece's cost per draft token
+PIECES = {"eagle": ("eagle/card.json", "eagle:tree=chain"), "sps": ("sps/card.json", "sps"),
+          "medusa": ("medusa/heads.json", "medusa"), "kangaroo": ("kangaroo/adapter_k4.json", "kangaroo")}
+
+
+def card_curve(card: Mapping) -> list[dict]:
+    """A card's learning curve as rows {"tokens", "val_agreement"} (EAGLE's cards say tokens_seen)."""
+    rows = card.get("curve") or card.get("val", {}).get("curve") or []
+    return [{"tokens": r.get("tokens", r.get("tokens_seen")), "val_agreement": r["val_agreement"]}
+            for r in rows if r.get("val_agreement") is not None and (r.get("tokens") or r.get("tokens_seen"))]
+
+
+def scaling_report(folder, bench: Mapping, speedups: Sequence[float] = (1.3, 2.0)) -> dict:
+    """Per committed piece: its curve's fit and, for each target speedup, the α the cost model needs at the piece's
+    measured c (the bench's row) and the bench's v, with the tokens the fitted line would need to reach it."""
+    import json
+    from pathlib import Path
+
+    v = {int(n): x for n, x in bench["verify_cost"].items()}
+    out = {}
+    for name, (rel, row) in PIECES.items():
+        path = Path(folder) / rel
+        m = bench["methods"].get(row)
+        if not path.is_file() or m is None:
+            continue
+        card = json.loads(path.read_text())
+        rows = card_curve(card)
+        if len(rows) < 2:
+            continue
+        out[name] = {"card": str(rel), "bench_row": row, "measured": {k: m.get(k) for k in ("speedup_vs_ar", "tau",
+                                                                                        "alpha", "c")},
+                     "curve": rows, "targets": [needed(rows, "val_agreement", s, m["c"], v) for s in speedups]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    from dvi_lite.cli import command_line, prog
+
+    ap = argparse.ArgumentParser(prog=prog("scaling"), description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", required=True, help="a bench results file with the pieces' rows (their c) and v(n)")
+    ap.add_argument("--pieces", default="data/smollm2", help="the folder holding the pieces' cards")
+    ap.add_argument("--speedups", type=float, nargs="+", default=[1.3, 2.0])
+    ap.add_argument("--json", default=None, help="write the report here")
+    args = ap.parse_args(argv)
+    bench = json.loads(Path(args.bench).read_text())
+    rep = scaling_report(args.pieces, bench, tuple(args.speedups))
+    if not rep:
+        ap.error(f"no piece in {args.pieces} has both a learning curve and a row in {args.bench}")
+    for name, r in rep.items():
+        last = r["curve"][-1]
+        for t in r["targets"]:
+            need = "unreachable" if t["alpha_needed"] is None else f"alpha {t['alpha_needed']:.2f}"
+            more = f"{t['times_the_data']:.1f}x the tokens" if t["times_the_data"] else "-"
+            print(f"{name:9s} at {last['tokens']:>9,} tokens agreement {last['val_agreement']:.3f} "
+                  f"(+{t['fit']['b_per_doubling']:.3f}/doubling); {t['speedup']}x needs {need}: {more}")
+    if args.json:
+        from dvi_lite.study.provenance import provenance
+
+        res = {"pieces": rep, "bench": args.bench, "provenance": provenance(command_line("scaling", argv))}
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
