@@ -28,6 +28,9 @@ TOTAL=${2:-540}
 GEN_SECONDS=${GEN_SECONDS:-150}
 GEN_TOKENS=${GEN_TOKENS:-4000000}
 GEN_BATCH=${GEN_BATCH:-256}
+# answers are decoded one token per Python step, so the GPU pays only when a batch is wide: a shard of the CPU's
+# 96 prompts never fills --gen-batch 256 (measured: one 14.7k-token shard in 150 s on an H200)
+SHARD_PROMPTS=${SHARD_PROMPTS:-768}
 RECORD=${RECORD:-data/smollm2/distill}
 PIECES=${PIECES:-"eagle head|kangaroo adapter|sps draft|medusa heads|dvi head"}
 CAPS=${CAPS:-"170|70|80|70|60"}
@@ -63,7 +66,7 @@ $PY -m dvi_lite convert-smollm2 || { echo "conversion failed"; exit 1; }
 ls "$RECORD" > "$OUT/.record_before"
 
 run_capped "distill-data" "$GEN_SECONDS" $PY -m dvi_lite distill-data --model smollm2 --dtype bfloat16 \
-  --tokens "$GEN_TOKENS" --gen-batch "$GEN_BATCH" --record "$RECORD"
+  --tokens "$GEN_TOKENS" --gen-batch "$GEN_BATCH" --shard-prompts "$SHARD_PROMPTS" --record "$RECORD"
 SET=$($PY -c "from dvi_lite.models.loading import load_model; from dvi_lite.models.distill_data import distill_dir
 print(distill_dir(load_model('smollm2', dtype='float32', device='cpu')[0]))" 2>/dev/null | tail -1)
 echo "states set: $SET"
