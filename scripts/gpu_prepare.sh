@@ -8,9 +8,15 @@
 #    (GEN_SECONDS; a killed shard is redone by the next run, nothing else is lost);
 # 3. `prepare --force --data <the states set> --only PIECE` for every piece, each in its own process under
 #    a cap, the EAGLE head first (a piece that runs out of time leaves nothing and the next one starts);
-# 4. OUT/: a tarball per piece (its folder under data/smollm2/: piece + card with its learning curve), the
-#    token record's new shards with its card and the states set's card, and what the device was. Unpacked
-#    over data/smollm2/ they replace the committed pieces.
+# 4. OUT/: eagle.tgz and pieces.tgz (the other pieces' folders under data/smollm2/: piece + card with its
+#    learning curve), record.tgz when new shards were made (with the record's and the states set's cards), what
+#    the device was, and the EAGLE curve snapshots nearest SNAPSHOTS tokens (for tau at each curve point). At
+#    most 8 files come back from a call: device.txt, the caller's log, two or three tarballs, four snapshots.
+#    Unpacked over the repository root they replace the committed pieces.
+#
+# Options (environment): EAGLE_TRAIN="--steps 4500 --batch-rows 8 --eval-every 100" trains the EAGLE head with
+# `eagle-train` and these arguments instead of the `prepare` recipe; KANGAROO_SPLITS="8 6" with
+# KANGAROO_SWEEP_STEPS=800 adds Kangaroo adapters at those exits (the exit sweep; cards beside the adapter).
 #
 # The CPU recipe (`prepare --model smollm2 --data data/smollm2/distill --max-minutes 60`) stays the
 # fallback; this script is the same recipes, on the GPU.
@@ -35,6 +41,10 @@ RECORD=${RECORD:-data/smollm2/distill}
 PIECES=${PIECES:-"eagle head|kangaroo adapter|sps draft|medusa heads|dvi head"}
 CAPS=${CAPS:-"170|70|80|70|60"}
 PY=${PY:-python3}
+EAGLE_TRAIN=${EAGLE_TRAIN:-}
+SNAPSHOTS=${SNAPSHOTS:-"100000 250000 500000 1000000"}
+KANGAROO_SPLITS=${KANGAROO_SPLITS:-}
+KANGAROO_SWEEP_STEPS=${KANGAROO_SWEEP_STEPS:-800}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=${TQDM_MININTERVAL:-15}
 mkdir -p "$OUT"
 START=$SECONDS
@@ -70,19 +80,48 @@ run_capped "distill-data" "$GEN_SECONDS" $PY -m dvi_lite distill-data --model sm
 SET=$($PY -c "from dvi_lite.models.loading import load_model; from dvi_lite.models.distill_data import distill_dir
 print(distill_dir(load_model('smollm2', dtype='float32', device='cpu')[0]))" 2>/dev/null | tail -1)
 echo "states set: $SET"
-cp "$SET/card.json" "$RECORD/states_card.json" 2>/dev/null
 new=$(comm -13 "$OUT/.record_before" <(ls "$RECORD"))
-tar -czf "$OUT/record.tgz" -C "$RECORD" card.json $new && echo "record: $(echo $new | wc -w) new files"
+cp "$SET/card.json" "$RECORD/states_card.json" 2>/dev/null
+[[ -n $new ]] && tar -czf "$OUT/record.tgz" -C "$RECORD" card.json states_card.json $new
+echo "record: $(echo $new | wc -w) new files"
 rm -f "$RECORD/states_card.json"
 
 IFS='|' read -r -a names <<<"$PIECES"
 IFS='|' read -r -a caps <<<"$CAPS"
+dirs=()
 for i in "${!names[@]}"; do
   piece=${names[$i]}
-  run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite prepare --model smollm2 --force --data "$SET" \
-    --only "$piece"
-  dir=data/smollm2/${piece%% *}
-  tar -czf "$OUT/${piece%% *}.tgz" --exclude=curve --exclude='ckpt*' "$dir" 2>/dev/null
+  if [[ $piece == "eagle head" && -n $EAGLE_TRAIN ]]; then
+    run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite eagle-train --model smollm2 --data "$SET" --no-resume \
+      --out data/smollm2/eagle $EAGLE_TRAIN
+  else
+    run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite prepare --model smollm2 --force --data "$SET" \
+      --only "$piece"
+  fi
+  dirs+=("data/smollm2/${piece%% *}")
 done
+for k in $KANGAROO_SPLITS; do
+  run_capped "kangaroo exit $k" 60 $PY -m dvi_lite kangaroo-train --model smollm2 --data "$SET" --split "$k" \
+    --steps "$KANGAROO_SWEEP_STEPS" --out "data/smollm2/kangaroo/adapter_k$k.pt"
+done
+small=()
+for d in "${dirs[@]}"; do
+  if [[ $d == data/smollm2/eagle ]]; then
+    tar -czf "$OUT/eagle.tgz" --exclude=curve --exclude='ckpt*' "$d" 2>/dev/null
+  else
+    small+=("$d")
+  fi
+done
+((${#small[@]})) && tar -czf "$OUT/pieces.tgz" --exclude=curve --exclude='ckpt*' "${small[@]}" 2>/dev/null
+$PY - "$OUT" $SNAPSHOTS <<'PYEOF'
+import re, shutil, sys
+from pathlib import Path
+out, want = Path(sys.argv[1]), [int(x) for x in sys.argv[2:]]
+have = {int(re.search(r"tokens_(\d+)", p.name).group(1)): p for p in Path("data/smollm2/eagle/curve").glob("tokens_*.pt")}
+for n in want if have else []:
+    best = min(have, key=lambda t: abs(t - n))
+    shutil.copyfile(have[best], out / f"eagle_tokens_{best}.pt")
+    print("snapshot", best, "for", n)
+PYEOF
 rm -f "$OUT/.record_before"
 echo "done at $((SECONDS - START)) s"

@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--name", required=True)
     ap.add_argument("--commit", required=True, help="the commit the run's code was (its cards say +dirty)")
+    ap.add_argument("--sweep", nargs="*", type=Path, default=[],
+                    help="cards of Kangaroo adapters trained beside the pieces (the exit sweep), kept in the result")
     args = ap.parse_args(argv)
     dev = device_report(args.folders[0])
     pieces = {}
@@ -60,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             card.update(commit=args.commit, device=dev["gpu"])
             path.write_text(json.dumps(card, indent=1, default=str) + "\n")
         pieces[piece] = {k: card[k] for k in KEEP if k in card} | {"device": card["provenance"]["device"]}
+    sweep = [{k: c.get(k) for k in ("split", "steps", "tokens_seen", "val", "curve", "command", "wall_time_s")}
+             for c in (json.loads(p.read_text()) for p in args.sweep)]
     res = {"device": dev, "stages": [s for f in args.folders for s in stages(f)], "pieces": pieces,
+           **({"kangaroo_exit_sweep": sorted(sweep, key=lambda c: (c["steps"], c["split"]))} if sweep else {}),
            "provenance": {"command": "python scripts/gpu_record.py " + " ".join(sys.argv[1:] if argv is None else argv),
                           "commit": args.commit}}
     out = ROOT / "results" / "gpu" / f"{args.name}_{dev['gpu'].lower().replace(' ', '_')}.json"

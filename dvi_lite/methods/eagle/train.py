@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-rows", type=int, default=EagleTrainConfig.batch_rows)
     ap.add_argument("--lr", type=float, default=EagleTrainConfig.lr)
     ap.add_argument("--max-tokens", type=int, default=None, help="read shards until this many positions")
+    ap.add_argument("--eval-every", type=int, default=EagleTrainConfig.eval_every,
+                    help="steps between learning-curve points, each with a snapshot in OUT/curve/")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (a GPU; on an AVX2-only CPU fp32 is faster)")
     ap.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> dict:
         cfg = EagleTrainConfig(head=HeadConfig(tuple(args.layers) if args.layers else None, None, args.vocab or None),
                                ttt_steps=args.ttt_steps, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
-                               bf16=args.bf16, max_minutes=args.max_minutes)
+                               bf16=args.bf16, max_minutes=args.max_minutes, eval_every=args.eval_every)
         return train_from_set(args.model, args.data, cfg, args.out, not args.no_resume, args.max_tokens,
                               command_line("eagle-train", argv))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -123,11 +122,6 @@ SMOLLM2_SPLIT = 4
 SMOLLM2_RECIPE = TeacherFitConfig(split=SMOLLM2_SPLIT, steps=300)
 
 
-def _device_words(model) -> str:
-    dev = next(model.parameters()).device
-    return f"cpu, {os.cpu_count()} cores" if dev.type == "cpu" else str(dev)
-
-
 def teacher_card(data: TeacherData, path: str | Path | None) -> dict:
     """What the teacher data was (its card without the question list), for the adapter's card."""
     return {"file": str(path) if path is not None else None,
@@ -149,9 +143,10 @@ def train_from_teacher(model, tok, data: TeacherData, cfg: TeacherFitConfig, out
     adapter, card = fit_adapter(model, tok, data, cfg, resume, ckpt, val=val, curve_dir=curve_dir(out))
     if card.get("stopped"):
         return card
-    card = {**card, "data": teacher_card(data, teacher_file), "command": command, "device": _device_words(model),
-            "provenance": provenance(command)}
-    card["commit"] = card["provenance"].get("commit")
+    dev = next(model.parameters()).device
+    card = {**card, "data": teacher_card(data, teacher_file), "command": command,
+            "provenance": provenance(command, dev)}
+    card.update(commit=card["provenance"].get("commit"), device=card["provenance"]["device"])
     save_adapter(adapter, model, out, card)
     print(json.dumps({"split": card["split"], "val": card["val"], "init_alpha": card["init"]["alpha"],
                       "tokens_seen": card["tokens_seen"], "wall_time_s": card["wall_time_s"]}))
