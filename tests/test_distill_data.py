@@ -207,6 +207,11 @@ def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_p
     torch.testing.assert_close(again["top_logp"].float(), full["top_logp"].float(), rtol=0.01, atol=0.01)
     with pytest.raises(ValueError, match="states=False keeps only the token record"):
         dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "x")
+    some = tmp_path / "some"  # `only`: the states of the named recorded shards, nothing generated
+    card = dd.build(model, tok, tiny(10**9), some, record=record, only=[0])
+    assert card["shards"] == 1 and torch.equal(load_file(str(some / "shard_00000.safetensors"))["ids"], full["ids"])
+    with pytest.raises(ValueError, match="shards must be recorded"):
+        dd.build(model, tok, tiny(1), some, record=record, only=[0, 7])
 
 
 def test_the_record_as_hard_labels_trains_an_sps_draft(course_model, tmp_path):

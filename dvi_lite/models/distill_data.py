@@ -20,13 +20,12 @@ The costly part, on a CPU, is the answers themselves; the states are one forward
 shard's token ids (and its JSON) are also kept, compressed, in a committed record, `data/<model>/distill/`
 (models/artifacts.artifacts_dir): about 4 MB per million answer tokens. A later run on another machine reads the
 record, never regenerates a recorded shard, rebuilds its states with one teacher forward (`teacher_pass`) when it
-needs them, and generates only the shards that come after it. `--no-states` keeps the record alone (what an AVX2
-CPU can afford: a forward over a million tokens takes hours there, and build/ does not outlive a session).
+needs them, and generates only the shards that come after it. `--no-states` keeps the record alone (an AVX2 CPU
+takes hours over a million tokens' forward); `--shards 0 1 19` rebuilds the states of a few shards only.
 
-A shard is written to a temporary file and renamed; its JSON (rows, sources, groups, times) is written last,
-so a shard is done exactly when its JSON exists. A killed run resumes at the first shard without one and
-redoes nothing. `card.json` is rebuilt after every shard: counts per source and task group, duplicates
-removed, tokens, generation throughput. Shards whose index is `val_every - 1` mod `val_every` are held out.
+A shard is written to a temporary file and renamed, its JSON last: a shard is done when its JSON exists, and a
+killed run resumes at the first shard without one. `card.json` (counts per source and group, duplicates
+removed, throughput) is rebuilt after every shard. Shards `val_every - 1` mod `val_every` are held out.
 """
 from __future__ import annotations
 
@@ -306,10 +305,10 @@ def write_card(model, folder: Path, cfg: DistillConfig, command: str) -> dict:
 
 
 def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, command: str = "",
-          record: str | Path | None = None) -> dict:
+          record: str | Path | None = None, only: list[int] | None = None) -> dict:
     """Build (or resume) the set until it holds cfg.tokens answer tokens; returns the card (the record's when
     cfg.states is off). `record` (None: none) keeps every shard's ids: a recorded shard is never generated again,
-    only its states are rebuilt from it when cfg.states asks for them."""
+    only its states are rebuilt when cfg.states asks. `only`: the states of these recorded shards alone."""
     from dvi_lite.study import specbench
 
     cfg.check()
@@ -330,6 +329,8 @@ def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, comm
              for m in done_shards(where)}
     seen = {pool.normalise(r["text"]) for m in metas.values() for r in m["rows"]}
     have = sum(m["answer_tokens"] for m in metas.values())
+    if only is not None:
+        return states_of(model, cfg, folder, record, metas, only, command)
     bar = tqdm(total=cfg.tokens, initial=min(have, cfg.tokens), unit="tok", unit_scale=True, desc="answer tokens",
                smoothing=0.05)
     i, done = 0, 0
@@ -350,6 +351,16 @@ def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, comm
     return write_card(model, folder if cfg.states else record, cfg, command)
 
 
+def states_of(model, cfg: DistillConfig, folder: Path, record: Path | None, metas: dict[int, dict],
+              only: list[int], command: str) -> dict:
+    """The states of the recorded shards `only` (skipping those already built), then the states set's card."""
+    if (missing := [i for i in only if i not in metas or record is None]) or not cfg.states:
+        raise ValueError(f"shards must be recorded (0..{max(metas, default=-1)}), states kept; not: {missing}")
+    for i in tqdm([i for i in only if not (folder / f"shard_{i:05d}.json").is_file()], desc="states", unit="shard"):
+        states_from_record(model, record, i, cfg, folder)
+    return write_card(model, folder, cfg, command)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("distill-data"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'course', 'smollm2' or a local HF checkpoint folder")
@@ -366,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the committed token record (default: data/<model>/distill/, e.g. data/smollm2/distill/)")
     ap.add_argument("--no-states", action="store_true",
                     help="keep only the token record (a CPU's choice: states are one teacher forward away)")
+    ap.add_argument("--shards", type=int, nargs="+", help="only the states of these recorded shards (e.g. 0 1 19)")
     args = ap.parse_args(argv)
 
     def run() -> dict:
@@ -377,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.check()
         model, tok = load_model(args.model, dtype=args.dtype)
         record = args.record if args.record is not None else record_dir(model)
-        return build(model, tok, cfg, args.out, command_line("distill-data", argv), record)
+        return build(model, tok, cfg, args.out, command_line("distill-data", argv), record, args.shards)
 
     card = run_or_usage_error(ap, run)
     print(json.dumps({k: card[k] for k in ("shards", "answer_tokens", "positions", "generation_tokens_per_s")}))
