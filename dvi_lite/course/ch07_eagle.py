@@ -1,0 +1,151 @@
+"""Chapter 07 helpers (EAGLE): what notebook 07 calls, so the notebook holds no algorithm.
+
+    draft_sources()                 -> one row per trained SmolLM2 draft: what it drafts from, its held-out
+                                       first-token agreement and the tokens it was trained on (its card)
+    curve_rows(card, curve_tau)     -> the EAGLE head's learning curve: agreement of draft steps 1..4 against
+                                       tokens seen, with tau decoded at the snapshots (study/curves.py)
+    curve_figure(rows)              -> that curve as a plotly figure (log tokens axis, tau on the right)
+    tree_steps(model, tok, prompt)  -> every decoding step's tree: tokens, parents, the accepted path, the
+                                       target's own token (core.engine.start / step, the one loop)
+    tree_html(tok, step)            -> one step's tree as nested lists, the accepted path marked
+    headline(bench, methods)        -> rows of a bench result (decode-phase speedup and its interval, tau, alpha)
+
+Every number comes from a committed card or results file, or from the run the notebook makes.
+"""
+from __future__ import annotations
+
+import html as _html
+import json
+from pathlib import Path
+
+import torch
+
+from dvi_lite.core.engine import start, step
+from dvi_lite.core.generate import prompt_ids
+from dvi_lite.core.registry import get_method
+from dvi_lite.core.runner import Runner
+from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.paths import DATA_DIR
+
+# method -> (its card under data/smollm2/, what it drafts from)
+SOURCES: dict[str, tuple[str, str]] = {
+    "sps": ("sps/card.json", "tokens, through the target's first layer (its own small model)"),
+    "kangaroo": ("kangaroo/adapter_k4.json", "the target's shallow state after layer k = 4, plus an adapter layer"),
+    "medusa": ("medusa/heads.json", "the target's last state, one head per position ahead"),
+    "eagle": ("eagle/card.json", "the target's fused features (a low, a middle and a high layer) + the next token"),
+}
+
+
+def _agreement(method: str, card: dict) -> tuple[float, int]:
+    """(held-out first-token top-1 agreement, tokens seen) as each recipe's card records them."""
+    if method == "sps":
+        return card["final"]["val_agreement"], card["tokens_seen"]
+    if method == "kangaroo":
+        return card["val"]["alpha"], card["tokens_seen"]
+    if method == "medusa":
+        return card["accuracy"]["top1"][0], card["positions_seen"]
+    return card["final"]["val_agreement"], card["train_tokens_seen"]
+
+
+def draft_sources(root: Path | None = None) -> list[dict]:
+    """One row per trained SmolLM2 draft, from its committed card: the first draft token's held-out agreement
+    with the target's top-1 (teacher-forced), tokens seen in training, where it was trained."""
+    root = Path(root) if root is not None else DATA_DIR / "smollm2"
+    rows = []
+    for method, (rel, source) in SOURCES.items():
+        card = json.loads((root / rel).read_text())
+        agree, seen = _agreement(method, card)
+        prov = card.get("provenance")
+        device = prov.get("device") if isinstance(prov, dict) else card.get("device")
+        rows.append({"method": method, "drafts from": source, "first-token agreement": round(float(agree), 3),
+                     "tokens seen": int(seen), "trained on": device})
+    return rows
+
+
+def curve_rows(card: dict, curve_tau: dict | None = None) -> list[dict]:
+    """The head's curve: tokens seen, held-out agreement of draft steps 1..n, and tau / alpha at the snapshots
+    that curve-tau decoded (None between them)."""
+    tau = {r["tokens"]: r for r in (curve_tau or {}).get("rows", [])}
+    rows = []
+    for p in card["curve"]:
+        t = tau.get(p["tokens_seen"], {})
+        rows.append({"tokens_seen": p["tokens_seen"], "agreement": p["val_agreement"],
+                     "steps": p.get("val_agreement_steps", [p["val_agreement"]]),
+                     "tau": t.get("tau"), "alpha": t.get("alpha"), "first_acceptance": t.get("first_acceptance")})
+    return rows
+
+
+def curve_figure(rows: list[dict], title: str = "EAGLE head: held-out agreement and tau against tokens seen"):
+    """Agreement of each draft step (lines, left axis) and decoded tau (markers, right axis); tokens on a log axis."""
+    import plotly.graph_objects as go
+
+    from dvi_lite.course.plots import series_color
+
+    fig = go.Figure()
+    x = [r["tokens_seen"] for r in rows]
+    for s in range(max(len(r["steps"]) for r in rows)):
+        fig.add_scatter(x=x, y=[r["steps"][s] if s < len(r["steps"]) else None for r in rows], mode="lines",
+                        name=f"draft step {s + 1}: agreement", line={"color": series_color(s)})
+    pts = [r for r in rows if r["tau"] is not None]
+    fig.add_scatter(x=[r["tokens_seen"] for r in pts], y=[r["tau"] for r in pts], mode="markers+lines",
+                    name="τ (greedy, held-out questions)", yaxis="y2", marker={"size": 9, "color": "black"},
+                    line={"dash": "dot", "color": "black"})
+    fig.update_layout(title=title, xaxis={"title": "tokens seen in training", "type": "log"},
+                      yaxis={"title": "held-out top-1 agreement with the target", "rangemode": "tozero"},
+                      yaxis2={"title": "τ (tokens per target forward)", "overlaying": "y", "side": "right"},
+                      legend={"orientation": "h", "y": -0.25}, height=480, margin={"r": 80})
+    return fig
+
+
+@torch.no_grad()
+def tree_steps(model, tok, prompt, max_new_tokens: int = 32, seed: int = 0, **options) -> list[dict]:
+    """Greedy EAGLE decoding of `prompt`, keeping every step's proposal: its tokens and parents (-1: child of the
+    pending token), the accepted path and the target's own next token. options: eagle's (tree, lookup, ...)."""
+    drafter = get_method("eagle").build(model, tok, **options)
+    runner = Runner.for_model(model)
+    state = start(runner, drafter, prompt_ids(tok, prompt), max_new_tokens, Sampler(), make_generator(seed))
+    steps = []
+    while state.remaining > 0 and state.pending != tok.eos_token_id:
+        out, _ = step(state, drafter, tok.eos_token_id)
+        prop = out.proposal
+        steps.append({"tokens": prop.tokens.tolist(),
+                      "parents": prop.parents.tolist() if prop.parents is not None else list(range(-1, len(prop) - 1)),
+                      "path": list(out.path), "next_token": out.next_token})
+    return steps
+
+
+def _shown(tok, token_id: int) -> str:
+    """A token's text, escaped, with newlines and spaces visible."""
+    return _html.escape(repr(tok.decode([token_id]))[1:-1])
+
+
+def tree_html(tok, step: dict) -> str:
+    """One step's tree as nested lists: each node's token; the accepted path in green, then the target's token."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(step["parents"]):
+        children.setdefault(p, []).append(i)
+    on_path, last = set(step["path"]), (step["path"][-1] if step["path"] else -1)
+    target = f' → <span style="background:#f9c49a">{_shown(tok, step["next_token"])}</span> (target)'
+
+    def node(i: int) -> str:
+        style = "background:#b7e4b0;font-weight:bold" if i in on_path else "color:#666"
+        kids = "".join(node(c) for c in children.get(i, []))
+        return (f'<li><span style="{style}">{_shown(tok, step["tokens"][i])}</span>{target if i == last else ""}'
+                f'{f"<ul>{kids}</ul>" if kids else ""}</li>')
+
+    kids = "".join(node(c) for c in children.get(-1, []))
+    return (f'<div style="font-family:monospace;font-size:13px">{len(step["tokens"])} nodes, '
+            f'{len(step["path"])} accepted<ul><li>pending token{target if last < 0 else ""}<ul>{kids}</ul></li>'
+            "</ul></div>")
+
+
+def headline(bench: dict, methods: list[str] | None = None) -> list[dict]:
+    """Rows of a bench result: decode-phase speedup over AR with its 90% interval, end-to-end, tau, alpha, c."""
+    out = []
+    for name, m in bench["methods"].items():
+        if name == "ar" or (methods is not None and name not in methods):
+            continue
+        out.append({"method": name, "× AR (decode)": m.get("speedup_vs_ar"),
+                    "90% interval": m.get("speedup_interval"), "× AR (end to end)": m.get("speedup_vs_ar_e2e"),
+                    "τ": m.get("tau"), "α": m.get("alpha"), "c": m.get("c"), "=AR": m.get("same_tokens_as_ar")})
+    return out
