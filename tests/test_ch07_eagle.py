@@ -48,3 +48,29 @@ def test_tree_steps_rebuild_the_ar_answer_and_render():
     assert any(s["parents"].count(-1) > 1 for s in steps)  # a tree: several children of the pending token
     page = ch.tree_html(tok, steps[0])
     assert page.count("<li>") == len(steps[0]["tokens"]) + 1 and "(target)" in page
+
+
+def test_tree_stats_and_rebuilt_read_the_recorded_steps():
+    steps = [{"tokens": [5, 6, 7], "parents": [-1, 0, -1], "path": [0, 1], "next_token": 8},
+             {"tokens": [9], "parents": [-1], "path": [], "next_token": 4}]
+    st = ch.tree_stats(steps)
+    assert st["tau"] == (2 + 2) / 2 and st["mean_nodes"] == 2 and st["busiest"] == 0
+    assert ch.rebuilt(steps, 3) == [3, 5, 6, 8, 4]
+
+
+def test_ttt_on_text_and_the_untrained_head_of_a_model_without_one():
+    model, tok = dvi_lite.load_model("course", dtype="float32")
+    head, what = ch.head_for(model)
+    assert "untrained" in what and isinstance(head, EagleHead)
+    out = ch.ttt_on_text(model, head, list(range(1, 25)), steps=3)
+    assert out["loss"] > 0 and [s["step"] for s in out["steps"]] == [0, 1, 2]
+    assert [s["n"] for s in out["steps"]] == [23, 22, 21] and all(0 <= s["agreement"] <= 1 for s in out["steps"])
+
+
+def test_check_invariants_stops_on_a_path_that_leaves_its_tree():
+    from types import SimpleNamespace
+
+    steps = [{"tokens": [5, 6], "parents": [-1, -1], "path": [0, 1], "next_token": 8}]  # 1 is not 0's child
+    result = SimpleNamespace(token_ids=[3, 5, 6, 8])
+    with pytest.raises(AssertionError, match="does not follow the parent links"):
+        ch.check_invariants(steps, result, [3, 5, 6, 8], True, 3, 1, {"loss": 1.0, "steps": []}, {}, [], {})

@@ -46,3 +46,30 @@ def test_match_html_shows_the_match_and_the_copy(course):
     page = ch.match_html(tok, ids, k=3)
     assert "proposed (3 tokens" in page and "gram match" in page
     assert "nothing to propose" in ch.match_html(tok, ids[:1], k=3)
+
+
+def test_best_copy_point_is_where_the_longest_copy_was_accepted():
+    prompt, answer = [1, 2, 3, 4, 5, 6], [9, 1, 2, 3, 4, 5]
+    log = ch.replay(prompt, answer)
+    assert log[0] == (0, 0)  # after "9" nothing matches: an AR step writes "1"
+    at = ch.best_copy_point(prompt, answer)
+    assert at == 2 and ch.PromptLookupDrafter(6, 3).lookup(prompt + answer[:at], 6)[:3] == [2, 3, 4]
+    assert ch.best_copy_point([5, 6], [7, 8, 9]) == 1  # nothing ever accepted
+
+
+def test_contrast_pair_prefers_the_named_groups_and_falls_back_to_tau():
+    rows = [{"group": g, "prompt_ids": p, "answer_ids": a} for g, p, a in
+            (("multi-turn", [5, 6], [7, 8, 9]), ("translation", [1, 2, 3, 4], [1, 2, 3, 4, 1, 2, 3]))]
+    copy, chat = ch.contrast_pair(rows)
+    assert copy["group"] == "translation" and chat["group"] == "multi-turn"
+    other = [{**rows[0], "group": "prose"}, {**rows[1], "group": "code"}]
+    copy, chat = ch.contrast_pair(other)
+    assert copy["group"] == "code" and chat["group"] == "prose"
+    with pytest.raises(ValueError, match="two task groups"):
+        ch.contrast_pair(other[:1])
+
+
+def test_tau_by_group_puts_the_pooled_row_last():
+    rows = [{"group": "b", "prompt_ids": [1], "answer_ids": [1, 1, 1]},
+            {"group": "a", "prompt_ids": [2], "answer_ids": [3]}]
+    assert list(ch.tau_by_group(rows, max_new_tokens=8)) == ["b", "a", "all"]

@@ -13,11 +13,16 @@ copy the prompt (summaries, retrieval answers, translations that keep names and 
     replay(prompt_ids, answer_ids, k=6)       -> [(depth, accepted), ...] per step (engine order)
     tau_by_group(rows)                        -> {group: {"tau", "alpha", "copied", "steps", "n"}}
     match_html(tok, tokens, k)                -> the last n-gram, its earlier occurrence and the proposed copy
+    best_copy_point(prompt_ids, answer_ids)   -> where in an answer the longest copy was accepted (for match_html)
+    contrast_pair(rows)                       -> a copy-heavy row and a chat row (the notebook's experiment)
+    check_invariants(...)                     -> notebook 06's claims (correctness only), one line each
 """
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from dvi_lite.core.engine import acceptance_rate
 from dvi_lite.methods.pld import PromptLookupDrafter
@@ -46,18 +51,20 @@ def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max
     return log
 
 
-def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3) -> dict[str, dict]:
+def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3,
+                 max_new_tokens: int | None = None) -> dict[str, dict]:
     """Per task group, from rows {"group", "prompt_ids", "answer_ids"}: pld's τ (tokens per target forward), α, the
-    share of answer tokens that came from a copy ("copied"), the number of steps and of rows; "all" pools them."""
+    share of answer tokens that came from a copy ("copied"), the number of steps and of rows; "all" pools them.
+    max_new_tokens: the budget the answers were generated with (see `replay`; default: each answer's length)."""
     logs: dict[str, list] = {}
     sizes: dict[str, list[int]] = {}
     for r in rows:
-        log = replay(r["prompt_ids"], r["answer_ids"], k, max_ngram)
+        log = replay(r["prompt_ids"], r["answer_ids"], k, max_ngram, max_new_tokens)
         for g in (r["group"], "all"):
             logs.setdefault(g, []).extend(log)
             sizes.setdefault(g, []).append(len(r["answer_ids"]))
     out = {}
-    for g, log in logs.items():
+    for g, log in sorted(logs.items(), key=lambda kv: kv[0] == "all"):  # the pooled row last
         accepted = sum(a for _, a in log)
         out[g] = {"tau": (accepted + len(log)) / len(log) if log else None, "alpha": acceptance_rate(log),
                   "copied": accepted / max(1, sum(sizes[g]) - len(sizes[g])), "steps": len(log), "n": len(sizes[g])}
@@ -88,3 +95,68 @@ def match_html(tok, tokens: Sequence[int], k: int = 6, max_ngram: int = 3, conte
     return (f"<div style='font-family:monospace;line-height:1.7'>earlier: …{earlier}…<br>now: …{now}"
             f"<span style='background:#b7e4b0;opacity:0.6'>{text(draft)}</span> ← proposed ({len(draft)} tokens, "
             f"{n}-gram match)</div>")
+
+
+def best_copy_point(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max_ngram: int = 3) -> int:
+    """How many answer tokens were written when the step that accepted the most draft tokens began (the first such
+    step; 1 if nothing was ever accepted): `match_html(tok, prompt_ids + answer_ids[:i])` then shows that lookup."""
+    i, best, at = 1, 0, 1
+    for _, acc in replay(prompt_ids, answer_ids, k, max_ngram):
+        if acc > best:
+            best, at = acc, i
+        i += acc + 1
+    return at
+
+
+def contrast_pair(rows: Sequence[dict], copy: str = "translation", chat: str = "multi-turn") -> tuple[dict, dict]:
+    """The first row of the `copy` group and of the `chat` group; without those groups (the course model's code and
+    prose prompts) the first rows of the groups with the highest and the lowest replayed τ."""
+    groups = {r["group"] for r in rows}
+    if not {copy, chat} <= groups:
+        if len(groups) < 2:
+            raise ValueError(f"contrast_pair needs rows from two task groups, got {sorted(groups)}")
+        by_tau = tau_by_group(rows)
+        ranked = sorted(groups, key=lambda g: -by_tau[g]["tau"])
+        copy, chat = ranked[0], ranked[-1]
+    return next(r for r in rows if r["group"] == copy), next(r for r in rows if r["group"] == chat)
+
+
+def check_invariants(rows: Sequence[dict], max_new_tokens: int, fp32: bool, by_text: dict, by_run: dict,
+                     bench_res: dict, methods: list[str], committed: Sequence[Path]) -> list[str]:
+    """Notebook 06's claims, correctness only (never timing): replaying pld's own output gives its very steps in any
+    dtype; in fp32 greedy pld writes AR's tokens; every τ >= 1 and α in [0, 1]; the token view accounts for every
+    new token; the benchmark has its rows; the committed study files hold pld's per-group rows.
+
+    rows: {"group", "prompt_ids", "answer_ids" (AR's), "pld" (a GenerationResult)}; by_text / by_run: tau_by_group
+    over AR's answers and over pld's own outputs."""
+    from dvi_lite.course.token_view import origins
+    from dvi_lite.study.table import check_bench, finite, require
+
+    for r in rows:
+        steps = [(s.drafted, s.accepted) for s in r["pld"].stats.steps]
+        require(replay(r["prompt_ids"], r["pld"].token_ids, max_new_tokens=max_new_tokens) == steps,
+                f"replaying pld's output ({r['group']}) does not give its steps {steps}")
+        require(len(origins(r["pld"].stats)) == len(r["pld"].token_ids), "the token view misses a token")
+    out = [f"replaying pld's own output reproduces its (drafted, accepted) steps on {len(rows)} prompts; "
+           "the token view colours every new token"]
+    same = sum(r["pld"].token_ids == r["answer_ids"] for r in rows)
+    if fp32:
+        require(same == len(rows), f"fp32 greedy pld differs from AR on {len(rows) - same} of {len(rows)} prompts")
+        out.append(f"fp32: greedy pld writes AR's tokens on {same}/{len(rows)} prompts")
+    else:
+        out.append(f"bf16: pld's output equals AR's on {same}/{len(rows)} prompts (not claimed: batched "
+                   "verification flips near-ties)")
+    for name, table in (("replay of AR's answers", by_text), ("pld's own runs", by_run)):
+        for g, row in table.items():
+            if row["tau"] is not None:
+                finite(row["tau"], f"{name}: tau in {g}", 1)
+            if row["alpha"] is not None:
+                require(0 <= row["alpha"] <= 1, f"{name}: alpha in {g} = {row['alpha']} not in [0, 1]")
+    out += [f"tau >= 1 and alpha in [0, 1] in every group ({', '.join(by_text)})", check_bench(bench_res, methods)]
+    for path in committed:
+        require(Path(path).is_file(), f"{Path(path).name} is missing")
+        groups = json.loads(Path(path).read_text())["methods"]["pld"]["groups"]
+        require(bool(groups) and all(g["tau"] is None or g["tau"] >= 1 for g in groups.values()),
+                f"{Path(path).name}: pld's per-group rows are missing or have tau < 1")
+        out.append(f"{Path(path).name}: pld's rows for {len(groups)} task groups, tau >= 1")
+    return out

@@ -9,6 +9,11 @@
                                        target's own token (core.engine.start / step, the one loop)
     tree_html(tok, step)            -> one step's tree as nested lists, the accepted path marked
     headline(bench, methods)        -> rows of a bench result (decode-phase speedup and its interval, tau, alpha)
+    head_for(model)                 -> the model's committed head, or (no head committed: the course model in smoke
+                                       mode) an untrained one initialised from the target, and which it is
+    ttt_on_text(model, head, ids)   -> the training-time-test loss and each draft step's agreement on one text
+    tree_stats(steps)               -> tau, nodes and accepted per step of a tree_steps run
+    check_invariants(...)           -> notebook 07's claims (correctness only), one line each
 
 Every number comes from a committed card or results file, or from the run the notebook makes.
 """
@@ -25,6 +30,8 @@ from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.registry import get_method
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, head_path, load_head
+from dvi_lite.methods.eagle.ttt import ttt_loss, ttt_mask
 from dvi_lite.paths import DATA_DIR
 
 # method -> (its card under data/smollm2/, what it drafts from)
@@ -148,4 +155,87 @@ def headline(bench: dict, methods: list[str] | None = None) -> list[dict]:
         out.append({"method": name, "× AR (decode)": m.get("speedup_vs_ar"),
                     "90% interval": m.get("speedup_interval"), "× AR (end to end)": m.get("speedup_vs_ar_e2e"),
                     "τ": m.get("tau"), "α": m.get("alpha"), "c": m.get("c"), "=AR": m.get("same_tokens_as_ar")})
+    return out
+
+
+def head_for(model) -> tuple[EagleHead, str]:
+    """(head, what it is): the model's committed head (data/smollm2/eagle for SmolLM2), else an untrained head
+    initialised from the target (its layer after the high fused state, the target's LM head rows): lossless
+    anyway, a poor drafter."""
+    if head_path(model).is_file():
+        return load_head(model), f"committed head ({head_path(model).parent.name}/{head_path(model).name})"
+    return EagleHead(model, HeadConfig(vocab=None)).eval(), "untrained head initialised from the target (no head " \
+        "is committed for this model)"
+
+
+@torch.no_grad()
+def ttt_on_text(model, head: EagleHead, ids: list[int], steps: int = 4, decay: float = 0.8, top_k: int = 8) -> dict:
+    """The training-time test on one token row, as training evaluates it: the target's states after the head's
+    layers and its top-k next tokens (models.teacher.teacher_outputs), then ttt_loss. Returns the loss and, per
+    unrolled step s, the positions scored and the share whose draft top-1 equals the target's top-1."""
+    from dvi_lite.methods.eagle.train import fused_states
+    from dvi_lite.models.teacher import TeacherConfig, teacher_outputs
+
+    n_layers = model.config.num_hidden_layers
+    data = teacher_outputs(model, [list(ids)], TeacherConfig(layers=tuple(k for k in head.layers if k < n_layers),
+                                                             top_k=top_k, batch_size=1))
+    dev, dtype = head.fc.weight.device, head.fc.weight.dtype
+    states = [s.to(dev, dtype) for s in fused_states(data, head.layers, n_layers)]
+    loss, stats = ttt_loss(head, states, data.tokens.to(dev), data.mask.to(dev), data.top_ids.to(dev),
+                           data.top_logp.to(dev), steps, decay)
+    return {"loss": float(loss), "steps": [{"step": s, "n": st["n"], "agreement": st["agree"] / st["n"]}
+                                           for s, st in enumerate(stats)]}
+
+
+def tree_stats(steps: list[dict]) -> dict:
+    """tau (tokens per target forward, the target's own token counted), mean nodes and accepted per step, and the
+    index of the step that accepted the most (the one worth drawing)."""
+    n = max(1, len(steps))
+    accepted = [len(s["path"]) for s in steps]
+    return {"steps": len(steps), "tau": (sum(accepted) + len(steps)) / n,
+            "mean_nodes": sum(len(s["tokens"]) for s in steps) / n, "mean_accepted": sum(accepted) / n,
+            "busiest": max(range(len(steps)), key=lambda i: accepted[i]) if steps else None}
+
+
+def rebuilt(steps: list[dict], first: int) -> list[int]:
+    """The text a tree_steps run wrote: the prefill's token, then each step's accepted path and the target's token."""
+    return [first] + [t for s in steps for t in [s["tokens"][i] for i in s["path"]] + [s["next_token"]]]
+
+
+def check_invariants(steps: list[dict], result, ar_ids: list[int], fp32: bool, mask_t: int, mask_steps: int,
+                     ttt: dict, bench_res: dict, methods: list[str], committed: dict[str, dict]) -> list[str]:
+    """Notebook 07's claims, correctness only (never timing): every drawn tree is a tree whose accepted path follows
+    its parent links, and the steps rebuild the run's output; in fp32 greedy EAGLE writes AR's tokens; the
+    training-time-test mask is causal then diagonal; its agreements are rates and its loss finite; the benchmark
+    and the committed files have their rows, with tau >= 1."""
+    from dvi_lite.study.table import check_bench, finite, require
+
+    for s in steps:
+        par = s["parents"]
+        require(all(-1 <= p < i for i, p in enumerate(par)), f"parents {par} are not a tree (parents[i] < i)")
+        require(all(par[a] == (s["path"][j - 1] if j else -1) for j, a in enumerate(s["path"])),
+                f"accepted path {s['path']} does not follow the parent links {par}")
+    got = rebuilt(steps, result.token_ids[0]) if result.token_ids else []
+    require(got[: len(result.token_ids)] == result.token_ids, "the recorded trees do not rebuild EAGLE's output")
+    out = [f"{len(steps)} trees: parents[i] < i, each accepted path follows its parent links, and the steps rebuild "
+           "the output"]
+    if fp32:
+        require(result.token_ids == ar_ids, "fp32 greedy EAGLE differs from AR")
+        out.append("fp32: greedy EAGLE writes AR's tokens")
+    else:
+        out.append(f"bf16: EAGLE's output equals AR's: {result.token_ids == ar_ids} (not claimed: batched "
+                   "verification flips near-ties)")
+    m = ttt_mask(mask_t, mask_steps)[0, 0]
+    eye = torch.eye(mask_t, dtype=torch.bool)
+    require(torch.equal(m[:, :mask_t], torch.ones_like(eye).tril()) and all(
+        torch.equal(m[:, s * mask_t:(s + 1) * mask_t], eye) for s in range(1, mask_steps + 1)),
+        "the training-time-test mask is not causal then diagonal")
+    finite(ttt["loss"], "training-time-test loss", 0)
+    require(all(0 <= r["agreement"] <= 1 for r in ttt["steps"]), f"agreements are not rates: {ttt['steps']}")
+    out += [f"ttt mask ({mask_t} slots, {mask_steps} later steps): causal block, then one diagonal per step; "
+            "ttt loss finite, agreements in [0, 1]", check_bench(bench_res, methods)]
+    for name, res in committed.items():
+        rows = {m: r for m, r in res["methods"].items() if m.startswith("eagle")}
+        require(bool(rows) and all(r["tau"] >= 1 for r in rows.values()), f"{name}: no EAGLE row with tau >= 1")
+        out.append(f"{name}: {len(rows)} EAGLE rows, tau >= 1")
     return out

@@ -33,6 +33,13 @@ PAPERS: dict[str, dict] = {
                "setting": "Vicuna-7B; head top-1 acc. 0.56/0.32/0.20/0.15/0.12"},
     "dvi": {"paper": "Bhansali & Heck 2025", "claim": "2.16×", "speedup": 2.16,
             "setting": "Spec-Bench (target unverified; repo default Llama-2-7b-hf)"},
+    "pld": {"paper": "Saxena 2023; Spec-Bench leaderboard (Xia et al. 2024)",
+            "claim": "1.64× at τ 1.73 (Spec-Bench leaderboard, Vicuna-7B, RTX 3090)", "speedup": 1.64,
+            "setting": "Vicuna-7B, Spec-Bench, greedy, FP16, batch 1, RTX 3090"},
+    "eagle": {"paper": "Li et al. 2024 (EAGLE-1, EAGLE-2); Li et al. 2025 (EAGLE-3)",
+              "claim": "EAGLE-2: 3.05–4.26×, Spec-Bench 2.36× at τ 4.34 (Vicuna-7B, A100); EAGLE-3: up to 6.5×, "
+                       "Spec-Bench 3.02× at τ 5.71 (Vicuna-13B, A100)", "speedup": 2.36,
+              "setting": "EAGLE-2, Vicuna-7B, Spec-Bench, A100"},
 }
 
 def why(method: str, row: dict, speedup: float | None = None) -> str:
