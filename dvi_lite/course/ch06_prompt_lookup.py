@@ -10,9 +10,9 @@ package's own proposer over a finished (prompt, answer) pair and returns every s
 model, the τ that pld will measure. That makes prompt lookup's speedup a property of the text: high where answers
 copy the prompt (summaries, retrieval answers, translations that keep names and numbers), near 1 on open chat.
 
-    replay(prompt_ids, answer_ids, k=6)       -> [(depth, accepted), ...] per step (engine order)
+    replay(prompt_ids, answer_ids, K=6)       -> [(depth, accepted), ...] per step (engine order)
     tau_by_group(rows)                        -> {group: {"tau", "alpha", "copied", "steps", "n"}}
-    match_html(tok, tokens, k)                -> the last n-gram, its earlier occurrence and the proposed copy
+    match_html(tok, tokens, K)                -> the last n-gram, its earlier occurrence and the proposed copy
 """
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ from dvi_lite.core.engine import acceptance_rate
 from dvi_lite.methods.pld import PromptLookupDrafter
 
 
-def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max_ngram: int = 3,
+def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], K: int = 6, max_ngram: int = 3,
            max_new_tokens: int | None = None) -> list[tuple[int, int]]:
     """The (draft depth, accepted) of every step greedy pld takes to write `answer_ids` after `prompt_ids`.
 
-    The first answer token comes from the prefill; each step then proposes up to min(k, remaining - 1) tokens from
+    The first answer token comes from the prefill; each step then proposes up to min(K, remaining - 1) tokens from
     prompt + answer so far and keeps the longest prefix that matches the answer, plus one token of the target's.
     max_new_tokens: the budget the answer was generated with (default: its length), which caps the last drafts.
     """
-    drafter = PromptLookupDrafter(k, max_ngram)
+    drafter = PromptLookupDrafter(K, max_ngram)
     budget = len(answer_ids) if max_new_tokens is None else max_new_tokens
     tokens, i, log = list(prompt_ids) + list(answer_ids[:1]), 1, []
     while i < len(answer_ids):
-        room = min(k, budget - i - 1)
+        room = min(K, budget - i - 1)
         draft = drafter.lookup(tokens, room) if room > 0 else []
         acc = 0
         while acc < len(draft) and i + acc < len(answer_ids) and draft[acc] == answer_ids[i + acc]:
@@ -46,13 +46,13 @@ def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max
     return log
 
 
-def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3) -> dict[str, dict]:
+def tau_by_group(rows: Iterable[dict], K: int = 6, max_ngram: int = 3) -> dict[str, dict]:
     """Per task group, from rows {"group", "prompt_ids", "answer_ids"}: pld's τ (tokens per target forward), α, the
     share of answer tokens that came from a copy ("copied"), the number of steps and of rows; "all" pools them."""
     logs: dict[str, list] = {}
     sizes: dict[str, list[int]] = {}
     for r in rows:
-        log = replay(r["prompt_ids"], r["answer_ids"], k, max_ngram)
+        log = replay(r["prompt_ids"], r["answer_ids"], K, max_ngram)
         for g in (r["group"], "all"):
             logs.setdefault(g, []).extend(log)
             sizes.setdefault(g, []).append(len(r["answer_ids"]))
@@ -64,11 +64,11 @@ def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3) -> dict[s
     return out
 
 
-def match_html(tok, tokens: Sequence[int], k: int = 6, max_ngram: int = 3, context: int = 12) -> str:
+def match_html(tok, tokens: Sequence[int], K: int = 6, max_ngram: int = 3, context: int = 12) -> str:
     """The lookup at the end of `tokens`, as HTML: the matched n-gram where it occurred before (blue), the tokens
     that followed it there and that pld proposes (green), and the same n-gram at the end (blue)."""
-    drafter = PromptLookupDrafter(k, max_ngram)
-    draft = drafter.lookup(list(tokens), k)
+    drafter = PromptLookupDrafter(K, max_ngram)
+    draft = drafter.lookup(list(tokens), K)
     if not draft:
         return "<div style='font-family:monospace'>no earlier occurrence of the last token: nothing to propose</div>"
     n = next(n for n in range(min(max_ngram, len(tokens) - 1), 0, -1)
