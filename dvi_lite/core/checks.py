@@ -88,11 +88,11 @@ def renamed(name: str, flag: bool = False) -> str:
     return f"{old} is now {new} ({what})"
 
 
-def reject_renamed(kwargs: dict, where: str, names: tuple[str, ...] = tuple(RENAMED)) -> None:
-    """Fail on keywords that a function no longer takes: an old name (among `names`) names its new one; any
-    other keyword fails as Python would. For `**old` catch-alls and option dicts."""
+def reject_renamed(kwargs: dict, where: str) -> None:
+    """Fail on keywords that a function no longer takes: an old name (RENAMED) names its new one; any other
+    keyword fails as Python would. For `**old` catch-alls and option dicts."""
     for name in kwargs:
-        if name in names:
+        if name in RENAMED:
             raise RenamedError(f"{where}: {renamed(name)}")
     if kwargs:
         raise TypeError(f"{where}() got an unexpected keyword argument {next(iter(kwargs))!r}")
@@ -122,4 +122,5 @@ def add_renamed_flags(ap, *names: str) -> None:
             parser.error(renamed(self.dest, flag=True))
 
     for name in names:
-        ap.add_argument(f"--{name}", dest=name, nargs="?", action=Renamed, help=argparse.SUPPRESS)
+        ap.add_argument(f"--{name}", dest=name, nargs="?", action=Renamed, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
