@@ -525,8 +525,8 @@ def dvi_on_target8(target8, k: int):
 
     model = copy.deepcopy(target8)
     prompts = [PROMPT8, [1, 2, 3], [7, 6, 5, 4], [2, 2, 5, 0, 1]]
-    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, seed=0)
-    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, k=k, temperature=1.0, progress=False)
+    cfg = DVIConfig(split=1, fast_every=8, batch_size=16, buffer_size=256, t_lambda=10.0, seed=0)
+    tr = OnlineTrainer(model, prompts, cfg, max_new_tokens=24, K=k, temperature=1.0, progress=False)
     tr.train(4)
     assert tr.fast_step == 4
     return model, tr.policy

@@ -124,7 +124,7 @@ def test_step_log_is_the_per_step_record_behind_tau(tiny_model):
 
     model, tok = load_model(str(tiny_model), dtype="float32", device="cpu")
     prompts = [{"prompt": "def f(x):"}, {"prompt": "The module"}]
-    log = bench.step_log(model, tok, prompts, "sps", max_new_tokens=8, draft_model=model, k=3)
+    log = bench.step_log(model, tok, prompts, "sps", max_new_tokens=8, draft_model=model, K=3)
     assert log and all(isinstance(d, int) and 0 <= a <= d <= 3 for d, a in log)
     assert all(a == d for d, a in log)
     assert all(d == 0 for d, _ in bench.step_log(model, tok, prompts, "ar", max_new_tokens=8))

@@ -1,4 +1,4 @@
-"""End-to-end: JupyterLab + headless Chromium (Playwright) run notebook 05 and move the λ widget's tau slider.
+"""End-to-end: JupyterLab + headless Chromium (Playwright) run notebook 05 and move the λ widget's T_λ slider.
 
 Run with `make test-browser` (it apt-installs Debian's chromium if missing and sets DVI_BROWSER_REQUIRED=1,
 so a missing browser or Playwright fails loudly there). A plain `pytest -m browser` skips when they are missing.
@@ -10,7 +10,7 @@ What it does:
     written: the test asserts its bytes are unchanged);
   * opens notebooks/05_dvi.ipynb in Chromium, Run > Run All Cells (the committed learner default, MODE = "learner"),
     waits for every code cell to get an execution count (Run All stops at the first error);
-  * in section 7's LambdaWidget, drags the tau slider's handle with the mouse and checks that the tau
+  * in section 7's LambdaWidget, drags the T_λ slider's handle with the mouse and checks that the tau
     readout, the status line and the plotted "lambda_t" trace (its SVG path and the figure's y data,
     which must equal max(floor, exp(-t / tau)) for the new readout tau) all changed;
   * screenshots into build/browser/: notebook.png (the whole executed notebook), before.png / after.png
@@ -292,12 +292,12 @@ def _screenshot_notebook(page, nb, path: Path, max_height: int = 32000) -> None:
 
 
 def move_tau_slider_and_check_plot(page, widget, out: Path, tau_start: float | None = None) -> dict:
-    """Drag the LambdaWidget's tau slider to the right with the mouse; check the readout, the status line and
+    """Drag the LambdaWidget's T_λ slider to the right with the mouse; check the readout, the status line and
     the plotted lambda_t curve followed; screenshots out/before.png and out/after.png. Returns the states."""
     widget.scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     fig = widget.locator(".dvi-figure").first
-    readout = widget.locator(".dvi-tau .widget-readout").first
+    readout = widget.locator(".dvi-t-lambda .widget-readout").first
     status = widget.locator(".dvi-status").first
     before = _lambda_state(page, fig)
     tau0, status0 = readout.inner_text().strip(), status.inner_text().strip()
@@ -307,7 +307,7 @@ def move_tau_slider_and_check_plot(page, widget, out: Path, tau_start: float | N
     widget.screenshot(path=str(out / "before.png"))
 
     # drag the handle to the right (a larger tau: a slower decay of λ_t), as a user would
-    handle = widget.locator(".dvi-tau .noUi-handle").first
+    handle = widget.locator(".dvi-t-lambda .noUi-handle").first
     box = handle.bounding_box()
     assert box, "tau slider handle not visible"
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
@@ -334,7 +334,7 @@ def move_tau_slider_and_check_plot(page, widget, out: Path, tau_start: float | N
     tau1, status1 = readout.inner_text().strip(), status.inner_text().strip()
     widget.screenshot(path=str(out / "after.png"))
 
-    assert after["d"] != before["d"], "the lambda_t path did not change after moving the tau slider"
+    assert after["d"] != before["d"], "the lambda_t path did not change after moving the T_λ slider"
     assert after["y"] != before["y"]
     assert float(tau1) > float(tau0) * 1.2, (tau0, tau1)
     assert status1 != status0 and tau1 in status1, (status0, status1)
@@ -375,7 +375,7 @@ def test_notebook_05_lambda_widget_in_jupyterlab(lab, browser):
         page.wait_for_timeout(1000)
         _screenshot_notebook(page, nb, OUT / "notebook.png")
 
-        move_tau_slider_and_check_plot(page, widget, OUT, tau_start=30.0)  # the notebook sets tau = 30
+        move_tau_slider_and_check_plot(page, widget, OUT, tau_start=30.0)  # the notebook sets T_λ = 30
 
         for name in ("notebook.png", "before.png", "after.png"):
             f = OUT / name

@@ -52,15 +52,15 @@ def pieces(model, name: str) -> dict:
 
 # name -> (method, options); the model-dependent pieces come from pieces()
 CASES = {
-    "early_exit": ("early_exit", {"split": 2, "k": 4}),
-    "kangaroo_chain": ("kangaroo", {"split": 2, "k": 4, "threshold": None}),
-    "kangaroo_tree": ("kangaroo", {"split": 2, "k": 4, "threshold": None, "branch": 3}),
-    "dvi": ("dvi", {"k": 4, "threshold": None}),
-    "draft_verify": ("draft_verify", {"skip": Skip(attn=frozenset({2}), mlp=frozenset({1, 2})), "k": 4,
+    "early_exit": ("early_exit", {"split": 2, "K": 4}),
+    "kangaroo_chain": ("kangaroo", {"split": 2, "K": 4, "threshold": None}),
+    "kangaroo_tree": ("kangaroo", {"split": 2, "K": 4, "threshold": None, "branch": 3}),
+    "dvi": ("dvi", {"K": 4, "threshold": None}),
+    "draft_verify": ("draft_verify", {"skip": Skip(attn=frozenset({2}), mlp=frozenset({1, 2})), "K": 4,
                                       "threshold": None, "adaptive": False}),
-    "medusa_cartesian": ("medusa", {"k": 3, "branch": 2, "tree": "cartesian"}),
-    "medusa_pruned": ("medusa", {"k": 3, "branch": 3, "tree": "pruned", "max_nodes": 8}),
-    "medusa_sparse": ("medusa", {"k": 3, "branch": 3, "tree": "sparse", "accuracies": ACC, "max_nodes": 8}),
+    "medusa_cartesian": ("medusa", {"K": 3, "branch": 2, "tree": "cartesian"}),
+    "medusa_pruned": ("medusa", {"K": 3, "branch": 3, "tree": "pruned", "max_nodes": 8}),
+    "medusa_sparse": ("medusa", {"K": 3, "branch": 3, "tree": "sparse", "accuracies": ACC, "max_nodes": 8}),
 }
 
 
@@ -101,7 +101,7 @@ def test_target_cache_equals_a_fresh_prefill_after_every_step(deep_model, case, 
 @pytest.mark.parametrize("mode", list(SAMPLERS))
 def test_sps_target_and_draft_caches_equal_fresh_prefills(target, draft, prompts, mode):
     """The draft keeps its own cache: every committed token except its `todo` ones, checked every step."""
-    drafter = get_method("sps").build(target, IdTokenizer(), draft_model=draft, k=4)
+    drafter = get_method("sps").build(target, IdTokenizer(), draft_model=draft, K=4)
 
     def check_draft(state, where):
         # the drafter crops its cache to the committed tokens it has run: exactly those, in every layer. After

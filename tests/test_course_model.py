@@ -77,7 +77,7 @@ def test_sps_greedy_equals_ar_on_the_prompts(course, draft, ar_outputs, k):
     model, tok = course
     accepted = drafted = 0
     for p in spread(load_prompts(), N_PROMPTS):
-        out = dvi_lite.generate(model, tok, p["prompt"], method="sps", draft_model=draft, k=k, max_new_tokens=NEW)
+        out = dvi_lite.generate(model, tok, p["prompt"], method="sps", draft_model=draft, K=k, max_new_tokens=NEW)
         assert out.token_ids == ar_outputs[p["id"]], p["id"]
         accepted += sum(s.accepted for s in out.stats.steps)
         drafted += sum(s.depth for s in out.stats.steps)

@@ -239,7 +239,7 @@ def test_the_record_as_hard_labels_trains_an_sps_draft(course_model, tmp_path):
     from dvi_lite.course_model.corpus import load_prompts
     from dvi_lite.study import curves
 
-    rows = curves.curve_tau(model, tok, "sps", tmp_path / "sps" / "curve", load_prompts()[:2], 6, {"k": 3},
+    rows = curves.curve_tau(model, tok, "sps", tmp_path / "sps" / "curve", load_prompts()[:2], 6, {"K": 3},
                             progress=False)  # the final snapshot loads as a draft and decodes
     assert [r["tokens"] for r in rows] == [out["tokens_seen"]] and 1.0 <= rows[0]["tau"] <= 1 + 3
 

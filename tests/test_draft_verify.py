@@ -42,7 +42,7 @@ def test_greedy_equals_ar(model, skip, adaptive, threshold):
 def test_cache_holds_only_full_model_kv_after_each_step(model):
     """Draft KV (from skipped-layer states) never survives into the committed cache."""
     runner = Runner(model)
-    drafter = DraftVerifyDrafter(runner, SKIPS[0], k=4, threshold=None)
+    drafter = DraftVerifyDrafter(runner, SKIPS[0], K=4, threshold=None)
     state = start(runner, drafter, DEEP_PROMPTS[0], 30, Sampler(), make_generator(0))
     for _ in range(6):
         step(state, drafter)
@@ -60,13 +60,13 @@ def test_cache_holds_only_full_model_kv_after_each_step(model):
 
 def test_sampling_is_lossless_end_to_end(target8, tok8):
     assert_lossless_sampling(target8, tok8, "draft_verify", skip=Skip(mlp=frozenset({1})), threshold=0.3,
-                             adaptive=False, k=3)
+                             adaptive=False, K=3)
 
 
 def test_adaptive_gamma_moves_towards_target(model):
     runner = Runner(model)
     ctl = AdaptiveThreshold(target_alpha=0.95, gamma0=0.5)
-    drafter = DraftVerifyDrafter(runner, SKIPS[1], k=6, threshold=0.5, adaptive=ctl)
+    drafter = DraftVerifyDrafter(runner, SKIPS[1], K=6, threshold=0.5, adaptive=ctl)
     dvi_lite.decode(runner, drafter, DEEP_PROMPTS[0], 60, Sampler(), make_generator(0))
     assert len(ctl.trace_gamma) > 3 and ctl.trace_gamma[-1] > 0.5  # acceptance below 0.95: gamma rises
 
@@ -79,7 +79,7 @@ def test_adaptive_gamma_moves_towards_target(model):
     (dict(skip=SKIPS[0], target_alpha=1.0), "target.alpha"),
     (dict(skip=SKIPS[0], target_alpha=0.0), "target.alpha"),
     (dict(skip=SKIPS[0], threshold=1.5), "threshold"),
-    (dict(skip=SKIPS[0], k=0), "'k'"),
+    (dict(skip=SKIPS[0], K=0), "'K'"),
 ])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -119,7 +119,7 @@ def test_skip_sensitivity_rows(model):
 
 
 def test_greedy_threshold_shortens_drafts(model):
-    kw = dict(method="draft_verify", skip=SKIPS[0], adaptive=False, k=6, max_new_tokens=40, stop_at_eos=False)
+    kw = dict(method="draft_verify", skip=SKIPS[0], adaptive=False, K=6, max_new_tokens=40, stop_at_eos=False)
     loose = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=None, **kw)
     strict = dvi_lite.generate(model, IdTokenizer(), DEEP_PROMPTS[0], threshold=0.999, **kw)
     mean = lambda r: sum(s.drafted for s in r.stats.steps) / len(r.stats.steps)  # noqa: E731
@@ -150,7 +150,7 @@ def test_low_confidence_token_is_still_proposed(model, threshold, want):
     below gamma is proposed and drafting stops after it."""
     script = [(5, 0.99), (9, 0.95), (13, 0.3), (17, 0.99), (21, 0.99)]
     runner = Runner.for_model(model)
-    drafter = DraftVerifyDrafter(ScriptedRunner(model, script), SKIPS[0], k=5, threshold=threshold)
+    drafter = DraftVerifyDrafter(ScriptedRunner(model, script), SKIPS[0], K=5, threshold=threshold)
     state = start(runner, drafter, DEEP_PROMPTS[0], 20, Sampler(), make_generator(0))
     prop = drafter.propose(state)
     assert prop.tokens.tolist() == [t for t, _ in script[:want]] and drafter.runner.calls == want
@@ -176,7 +176,7 @@ def test_adaptive_gamma_trace_follows_the_authors_update(model):
 
     d = make_drafter(model, IdTokenizer(), skip=SKIPS[0])  # the registered defaults: adaptive, gamma0 = 0.8
     d.reset()  # gamma is carried across drafters of this model and settings: start from gamma0 here
-    assert d.adaptive is not None and d.gamma == 0.8 and d.k == 8
+    assert d.adaptive is not None and d.gamma == 0.8 and d.K == 8
     for n, a in [(4, 1), (8, 8), (2, 2), (8, 8), (3, 3), (8, 8), (7, 5)]:
         d.feedback(None, SimpleNamespace(proposal=Proposal(torch.zeros(n, dtype=torch.long)), n_accepted=a))
     m = [0.125, 0.5625, 0.78125, 0.890625, 0.9453125, 0.97265625, 0.97265625 / 2 + 5 / 14]
@@ -233,7 +233,7 @@ def test_objective_positions_cap_and_value(model):
     f = SkipObjective(cal, costs, v, k_max=4)
     assert f(Skip()) == -best_speedup(1.0, costs.c(Skip()), v, 4)[0]
     got = f.evaluate(SKIPS[0])
-    assert got is f.evaluate(SKIPS[0]) and 0 <= got["alpha_hat"] < 1 and 1 <= got["k"] <= 4
+    assert got is f.evaluate(SKIPS[0]) and 0 <= got["alpha_hat"] < 1 and 1 <= got["K"] <= 4
 
 
 def test_draft_cost_from_given_sublayer_costs():
@@ -270,7 +270,7 @@ def test_prepare_smollm2_smoke_on_the_course_model(tmp_path):
     for search in (body["search"], out["sweep"][0]["arms"]["bo"]["search"]):
         assert len(search["trials"]) == 2 and search["config"]["skip_ratio"] == 0.25
         for t in search["trials"]:
-            assert {"attn", "mlp", "alpha_hat", "c", "k", "speedup"} <= set(t) and t["value"] == -t["speedup"]
+            assert {"attn", "mlp", "alpha_hat", "c", "K", "speedup"} <= set(t) and t["value"] == -t["speedup"]
     assert len(arms["random"]["trials"]) == 2 and "alpha_hat" in arms["random"]["trials"][0]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["sweep"][0]["arms"]["bo"]["search"]["trials"] == out["sweep"][0]["arms"]["bo"]["search"]["trials"]
@@ -291,9 +291,9 @@ def test_adaptive_gamma_is_carried_across_prompts_and_stays_lossless(model):
     from dvi_lite.methods.draft_verify.drafter import carried_thresholds, make_drafter, reset_gamma
 
     tok = IdTokenizer()
-    kw = dict(method="draft_verify", skip=SKIPS[1], adaptive=True, threshold=0.5, target_alpha=0.97, k=6,
+    kw = dict(method="draft_verify", skip=SKIPS[1], adaptive=True, threshold=0.5, target_alpha=0.97, K=6,
               max_new_tokens=40, stop_at_eos=False)
-    d = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6)
+    d = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, K=6)
     d.reset()
     ctl = d.adaptive
     ends = []
@@ -304,10 +304,10 @@ def test_adaptive_gamma_is_carried_across_prompts_and_stays_lossless(model):
     assert ctl.n_prompts == 2 and ctl in carried_thresholds(model).values()  # both calls used this one state
     second = ctl.prompt_starts[1]
     assert ends[0] != 0.5 and ctl.trace_gamma[second - 1] == ends[0]  # prompt 2 started where prompt 1 ended
-    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6).adaptive is ctl
-    assert make_drafter(model, tok, skip=SKIPS[0], threshold=0.5, target_alpha=0.97, k=6).adaptive is not ctl
-    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=5).adaptive is not ctl
-    fresh = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, k=6, carry=False)
+    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, K=6).adaptive is ctl
+    assert make_drafter(model, tok, skip=SKIPS[0], threshold=0.5, target_alpha=0.97, K=6).adaptive is not ctl
+    assert make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, K=5).adaptive is not ctl
+    fresh = make_drafter(model, tok, skip=SKIPS[1], threshold=0.5, target_alpha=0.97, K=6, carry=False)
     assert fresh.adaptive is not ctl and not fresh.adaptive.carry
     assert reset_gamma(model) >= 1 and ctl.gamma == 0.5 and ctl.n_prompts == 0  # the explicit reset
     with pytest.raises(ValueError, match="carry"):

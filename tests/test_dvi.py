@@ -23,7 +23,7 @@ from dvi_lite.methods.dvi.learner import NonFiniteError, OnlineTrainer
 from dvi_lite.methods.dvi.losses import fast_loss
 from dvi_lite.methods.dvi.policy import LORA_D, DVIPolicy, load_policy, verifier_lora_params
 
-BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, slow_every=2, seed=0)
+BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, t_lambda=10.0, slow_every=2, seed=0)
 
 
 def fresh(model):
@@ -108,7 +108,7 @@ def test_training_improves_draft_and_stays_lossless(deep_model):
 
 def test_feedback_records_tested_drafts_with_verifier_logits(deep_model):
     runner = Runner(deep_model)
-    drafter = DVIDrafter(runner, DVIPolicy(deep_model, 2), k=4, collect=True)
+    drafter = DVIDrafter(runner, DVIPolicy(deep_model, 2), K=4, collect=True)
     state = start(runner, drafter, DEEP_PROMPTS[0], 40, Sampler(), make_generator(0), max_draft=drafter.max_draft)
     n_rec = []
     for _ in range(6):
@@ -304,9 +304,10 @@ def test_missing_state_is_a_clear_error(deep_model, tmp_path):
         dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="dvi", state=tmp_path / "none")
 
 
-@pytest.mark.parametrize("cfg,msg", [(dict(tau=0.0), "tau"), (dict(tau=-1.0), "tau"), (dict(kl_floor=1.5), "kl_floor"),
-                                     (dict(kl_floor=-0.1), "kl_floor"), (dict(lora_rank=0), "lora_rank"),
-                                     (dict(split=0), "split"), (dict(split=4), "split")])
+@pytest.mark.parametrize("cfg,msg", [(dict(t_lambda=0.0), "t_lambda"), (dict(t_lambda=-1.0), "t_lambda"),
+                                     (dict(kl_floor=1.5), "kl_floor"), (dict(kl_floor=-0.1), "kl_floor"),
+                                     (dict(lora_rank=0), "lora_rank"), (dict(split=0), "split"),
+                                     (dict(split=4), "split")])
 def test_bad_config(deep_model, cfg, msg):
     with pytest.raises(ValueError, match=f"^{msg}"):
         trainer(deep_model, cfg=cfg)
@@ -314,7 +315,7 @@ def test_bad_config(deep_model, cfg, msg):
 
 @pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
                                     (dict(threshold=1.5), "threshold"),
-                                    (dict(k=0), "option 'k'")])
+                                    (dict(K=0), "option 'K'")])
 def test_bad_method_options(deep_model, kw, msg):
     with pytest.raises(ValueError, match=msg):
         dvi_lite.generate(deep_model, IdTokenizer(), [1, 2], method="dvi", state=DVIPolicy(deep_model, 2), **kw)
@@ -397,7 +398,7 @@ def test_cli_help_and_module_entry_point(capsys):
     assert e.value.code == 2 and "--steps must be >= 1" in capsys.readouterr().err
     r = subprocess.run([sys.executable, "-m", "dvi_lite.methods.dvi.cli", "--help"], capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 0 and "--k" in r.stdout and not r.stderr.strip()
+    assert r.returncode == 0 and "--K" in r.stdout and not r.stderr.strip()
 
 
 def test_added_parameters_count_the_modules_each_method_really_adds(deep_model):

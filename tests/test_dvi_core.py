@@ -57,12 +57,12 @@ def test_lambda_curve():
     assert lambda_curve(0, 5.0, 0.0) == []
 
 
-@pytest.mark.parametrize("t,tau,floor,name", [(0, 0.0, 0.05, "tau"), (0, -1.0, 0.05, "tau"),
+@pytest.mark.parametrize("t,t_lambda,floor,name", [(0, 0.0, 0.05, "t_lambda"), (0, -1.0, 0.05, "t_lambda"),
                                               (0, 1.0, -0.1, "kl_floor"), (0, 1.0, 1.5, "kl_floor"),
                                               (-1, 1.0, 0.05, "t")])
-def test_lambda_schedule_rejects(t, tau, floor, name):
+def test_lambda_schedule_rejects(t, t_lambda, floor, name):
     with pytest.raises(ValueError, match=f"^{name}"):
-        lambda_schedule(t, tau, floor)
+        lambda_schedule(t, t_lambda, floor)
 
 
 # ---------------------------------------------------------------------------------------------- KL
@@ -156,7 +156,7 @@ L_REINFORCE = -((1 - 0.5) * math.log(0.5) + (0 - 0.5) * math.log(0.3)) / 2  # b 
 
 
 def test_fast_loss_step0_is_kl_plus_anchor():
-    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="reinforce")
+    cfg = DVIConfig(t_lambda=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="reinforce")
     loss, parts = fast_loss(_batch(), cfg, step=0, baseline=0.5)
     assert parts["lambda"] == 1.0 and parts["ce_weight"] == pytest.approx(0.2)
     assert parts["l_kl"] == pytest.approx(L_KL, rel=1e-5)
@@ -168,7 +168,7 @@ def test_fast_loss_step0_is_kl_plus_anchor():
 
 
 def test_fast_loss_later_step_reinforce():
-    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, ce_decay=0.9, rl_variant="reinforce")
+    cfg = DVIConfig(t_lambda=10.0, kl_floor=0.05, ce_weight=0.2, ce_decay=0.9, rl_variant="reinforce")
     batch = _batch()
     batch["student_logits"].requires_grad_(True)
     loss, parts = fast_loss(batch, cfg, step=5, baseline=EMABaseline(value=0.5))
@@ -181,7 +181,7 @@ def test_fast_loss_later_step_reinforce():
 
 
 def test_fast_loss_surrogate_and_floor():
-    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
+    cfg = DVIConfig(t_lambda=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
     loss, parts = fast_loss(_batch(), cfg, step=1000)  # e^-100: lambda sits on the floor
     assert parts["lambda"] == 0.05
     assert parts["l_rl"] == pytest.approx(L_CE, rel=1e-5)  # surrogate = -log q(top1 of p)
@@ -198,7 +198,7 @@ def _grad(cfg: DVIConfig, rewards: list[float], step: int = 5) -> torch.Tensor:
 def test_default_objective_reads_the_rewards_surrogate_does_not():
     """The default (the paper's objective): KL warm-up, then a reward-driven policy-gradient term. After the
     warm-up (lambda < 1) flipping the accept bits changes the gradient; the surrogate never reads them."""
-    cfg = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2)  # the default variant
+    cfg = DVIConfig(t_lambda=10.0, kl_floor=0.05, ce_weight=0.2)  # the default variant
     assert cfg.rl_variant == "reinforce"
     g, flipped = _grad(cfg, [1.0, 0.0]), _grad(cfg, [0.0, 1.0])
     assert not torch.allclose(g, flipped)
@@ -209,7 +209,7 @@ def test_default_objective_reads_the_rewards_surrogate_does_not():
     adv = torch.tensor([1.0, -1.0])[:, None]  # (r - b) - (r' - b) for r = [1, 0], r' = [0, 1]
     torch.testing.assert_close(g - flipped, -(1 - lam) * adv * dlogq / 2, atol=1e-6, rtol=1e-5)
     assert torch.equal(_grad(cfg, [1.0, 0.0], step=0), _grad(cfg, [0.0, 1.0], step=0))  # warm-up: lambda = 1
-    sur = DVIConfig(tau=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
+    sur = DVIConfig(t_lambda=10.0, kl_floor=0.05, ce_weight=0.2, rl_variant="surrogate")
     assert torch.equal(_grad(sur, [1.0, 0.0]), _grad(sur, [0.0, 1.0]))
 
 
@@ -383,11 +383,11 @@ def test_config_defaults_valid():
 
 
 @pytest.mark.parametrize("name,value", [
-    ("tau", 0.0), ("tau", -5.0), ("kl_floor", -0.1), ("kl_floor", 1.5), ("lora_rank", 0),
+    ("t_lambda", 0.0), ("t_lambda", -5.0), ("kl_floor", -0.1), ("kl_floor", 1.5), ("lora_rank", 0),
     ("split", 0), ("rl_variant", "ppo"), ("teacher_temperature", 0.0), ("lr", 0.0), ("slow_lr", -1e-4),
     ("fast_every", 0), ("batch_size", 0), ("buffer_size", 0), ("slow_every", 0), ("ce_weight", -0.1),
     ("ce_decay", 0.0), ("ce_decay", 1.1), ("baseline_beta", 1.0), ("beta_kl", -1.0), ("lora_rank", 2.5),
-    ("tau", float("nan")), ("backoff_min", 0),
+    ("t_lambda", float("nan")), ("backoff_min", 0),
 ])
 def test_config_rejects(name, value):
     with pytest.raises(ValueError, match=f"^{name} must be") as e:

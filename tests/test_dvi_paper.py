@@ -20,9 +20,9 @@ from dvi_lite.models import distill_data as dd
 from dvi_lite.models import distill_reader as rd
 
 MAP = list(range(0, 8192, 4))  # a 2048-token map of the course model's 8192 (no map file is written)
-CFG = DVIConfig(split=2, head="trained", lora_rank=4, lora_alpha=8.0, tau=2.0, lr=3e-3, head_lr_mult=0.3,
+CFG = DVIConfig(split=2, head="trained", lora_rank=4, lora_alpha=8.0, t_lambda=2.0, lr=3e-3, head_lr_mult=0.3,
                 fast_every=4, batch_size=8, buffer_size=64, seed=0)
-RECIPE = paper.PaperRecipe(warm_tokens=3 * 64, warm_batch=64, sequences=2, max_new_tokens=8, k=3, vocab=MAP,
+RECIPE = paper.PaperRecipe(warm_tokens=3 * 64, warm_batch=64, sequences=2, max_new_tokens=8, K=3, vocab=MAP,
                            max_prompt_tokens=96, milestones=(100,), val_max_tokens=256, eval_questions=0)
 
 
@@ -186,7 +186,7 @@ def test_cli_warm_start_and_online_on_the_set(built, tmp_path, capsys):
     folder = Path(train.card["source"])
     out = tmp_path / "out"
     argv = ["--data", str(folder), "--split", "2", "--warm-start-tokens", "64", "--warm-batch", "64",
-            "--sequences", "1", "--max-new-tokens", "6", "--k", "3", "--vocab", "full", "--lora-rank", "2",
+            "--sequences", "1", "--max-new-tokens", "6", "--K", "3", "--vocab", "full", "--lora-rank", "2",
             "--eval-prompts", "0", "--out", str(out), "--ckpt-dir", str(tmp_path / "ck")]
     assert cli.main(argv) == 0
     card = json.loads((out / "card.json").read_text())

@@ -16,7 +16,7 @@ from dvi_lite.methods.dvi.losses import lambda_schedule
 from dvi_lite.methods.dvi.policy import load_policy
 from dvi_lite.methods.dvi.serve import ARMS, arm_config, curve, heldout_questions, question_stream
 
-CFG = dict(split=2, fast_every=8, batch_size=8, buffer_size=128, tau=5.0, seed=0)
+CFG = dict(split=2, fast_every=8, batch_size=8, buffer_size=128, t_lambda=5.0, seed=0)
 MAP = list(range(0, 64, 2))  # a 32-token trimmed head on the 64-token deep model
 
 
@@ -64,8 +64,8 @@ def test_saved_bf16_head_loads_with_its_vocab(deep_model, tmp_path):
 def test_ablation_arms_differ_only_in_the_objective():
     dvi, kl, rl = (arm_config(a, split=3) for a in ("dvi", "kl", "rl"))
     assert set(ARMS) == {"dvi", "kl", "rl"} and dvi.rl_variant == "reinforce" and dvi.ce_weight > 0
-    assert all(lambda_schedule(t, kl.tau, kl.kl_floor) == 1.0 for t in (0, 5, 500))  # KL only, reward unread
-    assert lambda_schedule(1, rl.tau, rl.kl_floor) == 0.0 and rl.ce_weight == 0.0  # reward only after t = 0
+    assert all(lambda_schedule(t, kl.t_lambda, kl.kl_floor) == 1.0 for t in (0, 5, 500))  # KL only, reward unread
+    assert lambda_schedule(1, rl.t_lambda, rl.kl_floor) == 0.0 and rl.ce_weight == 0.0  # reward only after t = 0
     same = {k for k, v in dvi.to_dict().items() if v == kl.to_dict()[k] == rl.to_dict()[k]}
     assert {"split", "seed", "lr", "batch_size", "fast_every", "rl_variant"} <= same
     with pytest.raises(ValueError, match="arm"):

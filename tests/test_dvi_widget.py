@@ -19,7 +19,7 @@ from dvi_lite.methods.dvi.figure import LAMBDA_TRACE, STREAM_TRACES, TRACE_NAMES
 from dvi_lite.methods.dvi.losses import lambda_curve, lambda_schedule
 from dvi_lite.methods.dvi.widget import CSS_CLASSES, LambdaWidget
 
-BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, tau=10.0, kl_floor=0.05, seed=0,
+BASE = dict(split=2, fast_every=8, batch_size=16, buffer_size=256, t_lambda=10.0, kl_floor=0.05, seed=0,
             rl_variant="surrogate")
 
 
@@ -42,20 +42,20 @@ def test_construction_is_cheap_and_findable(deep_model):
     for name in STREAM_TRACES + ("lambda_used",):
         assert len(w.trace(name).x or ()) == 0
     # every control: a stable description and its CSS class (what the browser test looks for)
-    desc = {"tau": "T_λ", "kl_floor": "KL floor", "ce_weight": "CE weight", "rl_variant": "RL variant", "lr": "lr",
+    desc = {"t_lambda": "T_λ", "kl_floor": "KL floor", "ce_weight": "CE weight", "rl_variant": "RL variant", "lr": "lr",
             "steps": "steps", "button": "train N steps"}
     for attr, d in desc.items():
         assert getattr(w, attr).description == d
     for attr, cls in CSS_CLASSES.items():
         assert cls in getattr(w, attr)._dom_classes
-    assert CSS_CLASSES["tau"] == "dvi-tau" and CSS_CLASSES["button"] == "dvi-train"
+    assert CSS_CLASSES["t_lambda"] == "dvi-t-lambda" and CSS_CLASSES["button"] == "dvi-train"
     # the controls start at the config's values; the widget owns a copy of the config
-    assert w.tau.value == pytest.approx(10.0) and w.kl_floor.value == pytest.approx(0.05)
+    assert w.t_lambda.value == pytest.approx(10.0) and w.kl_floor.value == pytest.approx(0.05)
     assert w.ce_weight.value == pytest.approx(cfg.ce_weight)
     assert w.rl_variant.value == cfg.rl_variant and w.lr.value == pytest.approx(cfg.lr)
     assert set(w.rl_variant.options) == {"surrogate", "reinforce"}
-    w.tau.value = 50.0
-    assert cfg.tau == 10.0 and w.cfg.tau == 50.0
+    w.t_lambda.value = 50.0
+    assert cfg.t_lambda == 10.0 and w.cfg.t_lambda == 50.0
     ui = w.ui
     assert isinstance(ui, widgets.VBox) and ui is w.ui and "dvi-widget" in ui._dom_classes
     assert w.fig in ui.children
@@ -66,7 +66,7 @@ def test_construction_is_cheap_and_findable(deep_model):
 
 def test_schedule_sliders_redraw_lambda_immediately(deep_model):
     w = make(deep_model)
-    w.tau.value = 25.0
+    w.t_lambda.value = 25.0
     assert ys(w) == lambda_curve(40, 25.0, 0.05)
     assert "25" in w.status_text
     before = ys(w)
@@ -92,7 +92,7 @@ def test_invalid_values_are_reported_not_raised(deep_model):
     assert ys(w) == lambda_curve(40, 10.0, 0.1) and "invalid" not in w.status_text
     w.lr.value = float("nan")
     assert "lr" in w.status_text and w.cfg.lr == pytest.approx(1e-3)
-    w.tau.value = float("nan")
+    w.t_lambda.value = float("nan")
     assert "invalid" in w.status_text and ys(w) == lambda_curve(40, 10.0, 0.1)
     # a config that does not fit the model (split 4 of 4 layers): the click reports, never raises
     bad = make(deep_model, cfg=dict(split=4))
@@ -135,16 +135,17 @@ def test_controls_apply_on_the_next_click(deep_model):
     w.lr.value = 1e-2
     w.ce_weight.value = 0.5
     w.rl_variant.value = "reinforce"
-    w.tau.value = 100.0
-    assert "100" in w.status_text  # the last change was tau: its schedule text
-    assert (tr.cfg.lr, tr.cfg.ce_weight, tr.cfg.rl_variant, tr.cfg.tau) == (1e-3, 0.2, "surrogate", 10.0)  # not yet
+    w.t_lambda.value = 100.0
+    assert "100" in w.status_text  # the last change was T_λ: its schedule text
+    cfg_now = (tr.cfg.lr, tr.cfg.ce_weight, tr.cfg.rl_variant, tr.cfg.t_lambda)
+    assert cfg_now == (1e-3, 0.2, "surrogate", 10.0)  # not yet
     recs = w.train(2)
     assert w.trainer is tr  # one trainer across clicks: it keeps counting fast steps
-    assert tr.cfg.lr == pytest.approx(1e-2) and tr.cfg.rl_variant == "reinforce" and tr.cfg.tau == 100.0
+    assert tr.cfg.lr == pytest.approx(1e-2) and tr.cfg.rl_variant == "reinforce" and tr.cfg.t_lambda == 100.0
     assert all(g["lr"] == pytest.approx(1e-2) for g in tr.fast_opt.param_groups)
     assert [r["lr"] for r in recs] == pytest.approx([1e-2, 1e-2])
     assert [r["ce_weight"] for r in recs] == pytest.approx([0.5, 0.5])
-    assert recs[0]["lambda"] == pytest.approx(lambda_schedule(1, 100.0, 0.05))  # the new tau at t = 1
+    assert recs[0]["lambda"] == pytest.approx(lambda_schedule(1, 100.0, 0.05))  # the new T_λ at t = 1
 
 
 def test_static_figure_copies_the_state(deep_model):
@@ -163,10 +164,10 @@ def test_static_figure_copies_the_state(deep_model):
 
 def test_widgets_are_independent_no_globals(deep_model):
     a, b = make(deep_model), make(deep_model)
-    a.tau.value = 6.0
+    a.t_lambda.value = 6.0
     a.kl_floor.value = 0.5
     assert ys(a) == lambda_curve(40, 6.0, 0.5)
-    assert ys(b) == lambda_curve(40, 10.0, 0.05) and b.cfg.tau == 10.0
+    assert ys(b) == lambda_curve(40, 10.0, 0.05) and b.cfg.t_lambda == 10.0
     assert "invalid" not in b.status_text and a.status_text != b.status_text
     a.train(1)
     assert b.trainer is None and b.records == [] and len(b.trace("loss").x or ()) == 0

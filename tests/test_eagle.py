@@ -68,7 +68,7 @@ def test_features_from_verification_equal_a_full_forward(target, tok, head, tree
 
     monkeypatch.setattr(EagleDrafter, "_feed", spy)
     prompt = [3, 17, 4, 22, 9]
-    out = dvi_lite.generate(target, tok, prompt, method="eagle", max_new_tokens=24, head=head, tree=tree, k=3,
+    out = dvi_lite.generate(target, tok, prompt, method="eagle", max_new_tokens=24, head=head, tree=tree, K=3,
                             stop_at_eos=False)
     assert any(s.accepted for s in out.stats.steps) and any(s.accepted < s.depth for s in out.stats.steps)
     ref = reference_root_logits(target, head, prompt + out.token_ids)
@@ -77,9 +77,9 @@ def test_features_from_verification_equal_a_full_forward(target, tok, head, tree
         torch.testing.assert_close(logits, ref[c - 1], atol=1e-4, rtol=1e-4, msg=lambda m, c=c: f"c={c}: {m}")
 
 
-@pytest.mark.parametrize("tree, opts", [("chain", {"k": 4}), ("dynamic", {"k": 4}),
-                                        ("dynamic", {"k": 3, "branch": 2, "max_nodes": 5}),
-                                        ("dynamic", {"k": 4, "branch": 2, "max_nodes": 4, "lookup": True})])
+@pytest.mark.parametrize("tree, opts", [("chain", {"K": 4}), ("dynamic", {"K": 4}),
+                                        ("dynamic", {"K": 3, "branch": 2, "max_nodes": 5}),
+                                        ("dynamic", {"K": 4, "branch": 2, "max_nodes": 4, "lookup": True})])
 def test_greedy_equals_ar_on_tiny_models(target, tok, prompts, head, tree, opts):
     accepted = 0
     for p in prompts[:6]:
@@ -128,7 +128,7 @@ def test_dynamic_tree_is_a_reranked_tree(target, head):
     """The proposal is a valid tree (parents first) of at most max_nodes nodes, at most k deep, and it holds the
     best candidates by cumulative draft log-probability (EAGLE-2's rerank): every node's path score is at least
     that of any candidate left out."""
-    d = make_drafter(target, None, head=head, k=3, tree="dynamic", branch=3, max_nodes=7)
+    d = make_drafter(target, None, head=head, K=3, tree="dynamic", branch=3, max_nodes=7)
     state = start(d.runner, d, [3, 17, 4, 22], 20, Sampler(), make_generator(0))
     prop = d.propose(state)
     n = len(prop)
@@ -145,7 +145,7 @@ def test_dynamic_tree_is_a_reranked_tree(target, head):
 
 def test_options_are_checked_and_named(target, head):
     m = get_method("eagle")
-    assert m.resolve() == {"head": None, "k": 5, "tree": "dynamic", "branch": None, "max_nodes": None,
+    assert m.resolve() == {"head": None, "K": 5, "tree": "dynamic", "branch": None, "max_nodes": None,
                            "lookup": False}
     with pytest.raises(ValueError, match=r"lookup merges a prompt-lookup branch into the tree"):
         make_drafter(target, None, head=head, tree="chain", lookup=True)
@@ -194,7 +194,7 @@ def test_the_tree_budget_is_chosen_by_the_cost_model():
 
     model, tok = dvi_lite.load_model("course", dtype="float32")
     v = {1: 1.0, 5: 1.1, 9: 1.3, 17: 2.0}
-    out = budget_rows(model, tok, load_prompts()[:2], v, 0.05, nodes=(2, 8), k=3, head=EagleHead(model).eval(),
+    out = budget_rows(model, tok, load_prompts()[:2], v, 0.05, nodes=(2, 8), K=3, head=EagleHead(model).eval(),
                       max_new_tokens=8)
     assert [r["nodes"] for r in out["rows"]] == [2, 8]
     for r in out["rows"]:
@@ -203,7 +203,7 @@ def test_the_tree_budget_is_chosen_by_the_cost_model():
                                                        abs=1e-4)
     assert out["best_nodes"] == max(out["rows"], key=lambda r: r["predicted_speedup"])["nodes"]
     with pytest.raises(ValueError, match="nodes"):
-        budget_rows(model, tok, load_prompts()[:1], v, 0.05, nodes=(0,), k=3)
+        budget_rows(model, tok, load_prompts()[:1], v, 0.05, nodes=(0,), K=3)
 
 
 def test_a_copy_merges_into_the_tree_as_distinct_siblings(target, head):
@@ -226,7 +226,7 @@ def test_the_lookup_branch_adds_nodes_and_stays_lossless(target, tok, head):
     prompt = [5, 1, 2, 6, 3, 5, 1, 2, 6, 3, 5, 1]
     ref = dvi_lite.generate(target, tok, prompt, method="ar", max_new_tokens=16, stop_at_eos=False).token_ids
     out = dvi_lite.generate(target, tok, prompt, method="eagle", max_new_tokens=16, stop_at_eos=False, head=head,
-                            k=4, branch=2, max_nodes=3, lookup=True)
+                            K=4, branch=2, max_nodes=3, lookup=True)
     assert out.token_ids == ref
     assert max(s.drafted for s in out.stats.steps) > 3  # some proposal held copied nodes beyond the tree's 3
 

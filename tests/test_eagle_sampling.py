@@ -28,11 +28,11 @@ def head8(target8) -> EagleHead:
     return EagleHead(target8).eval()
 
 
-TREE = dict(tree="dynamic", k=K, branch=2, max_nodes=6, temperature=0.7, top_k=4)  # the control's setting too
+TREE = dict(tree="dynamic", K=K, branch=2, max_nodes=6, temperature=0.7, top_k=4)  # the control's setting too
 
 
-CASES = {"chain": dict(tree="chain", k=K, temperature=1.0, min_run=3),  # plain temperature
-         "chain_top_p": dict(tree="chain", k=K, temperature=1.3, top_p=0.9, min_run=3),  # q filtered like p
+CASES = {"chain": dict(tree="chain", K=K, temperature=1.0, min_run=3),  # plain temperature
+         "chain_top_p": dict(tree="chain", K=K, temperature=1.3, top_p=0.9, min_run=3),  # q filtered like p
          "dynamic": dict(TREE, min_run=2, min_depth=3),  # top-k, point-mass candidates
          # the tree with a prompt-lookup copy merged in, on a prompt whose copies are 3 deep
          "dynamic_lookup": dict(TREE, lookup=True, prompt=PLD_PROMPT, min_run=2, min_depth=3)}

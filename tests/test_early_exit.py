@@ -11,7 +11,7 @@ def model(deep_model):
 
 
 PROMPTS = DEEP_PROMPTS
-CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, k=3), dict(split=2, threshold=0.9),
+CONFIGS = [dict(split=1), dict(split=2, threshold=0.3), dict(split=3, K=3), dict(split=2, threshold=0.9),
            dict(split=1, branch=3), dict(split=2, threshold=0.3, branch=2)]
 
 
@@ -51,7 +51,7 @@ def test_shallow_layers_are_not_recomputed(model, branch):
 
 @pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
                                     (dict(split=2, threshold=0.0), "threshold"),
-                                    (dict(split=2, threshold=1.5), "threshold"), (dict(split=2, k=0), "'k'"),
+                                    (dict(split=2, threshold=1.5), "threshold"), (dict(split=2, K=0), "'K'"),
                                     (dict(split=2, branch=0), "branch")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -65,15 +65,16 @@ def test_default_split_and_direct_checks(model):
     from dvi_lite.methods.early_exit import EarlyExitDrafter, make_drafter
 
     d = make_drafter(model, IdTokenizer())
-    assert (d.split, d.k, d.threshold, d.branch, d.max_draft) == (default_split(4), 6, None, 1, 6)
-    for kw, msg in ((dict(k=0), r"k \(draft length\)"), (dict(branch=0), "branch"), (dict(threshold=2.0), "threshold")):
+    assert (d.split, d.K, d.threshold, d.branch, d.max_draft) == (default_split(4), 6, None, 1, 6)
+    for kw, msg in ((dict(K=0), r"K \(draft tokens per step\)"), (dict(branch=0), "branch"),
+                    (dict(threshold=2.0), "threshold")):
         with pytest.raises(ValueError, match=msg):
             EarlyExitDrafter(Runner.for_model(model), 2, **kw)
 
 
 def test_greedy_exit_rule_and_tree_read_the_draft_confidence(model):
     """Greedy sampling's probs() is one-hot: the threshold and the tree must read softmax(logits) instead."""
-    kw = dict(method="early_exit", split=2, max_new_tokens=40, stop_at_eos=False, k=6)
+    kw = dict(method="early_exit", split=2, max_new_tokens=40, stop_at_eos=False, K=6)
     strict = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], threshold=0.999, **kw)
     assert max(s.drafted for s in strict.stats.steps) < 6  # drafting stopped early at least once... always
     tree = dvi_lite.generate(model, IdTokenizer(), PROMPTS[0], branch=3, **kw)
@@ -111,7 +112,7 @@ def test_low_confidence_token_is_still_proposed(model, threshold, want):
 
     script = [(5, 0.99), (9, 0.95), (13, 0.3), (17, 0.99), (21, 0.99)]
     r = Runner.for_model(model)
-    d = EarlyExitDrafter(r, 2, k=5, threshold=threshold)
+    d = EarlyExitDrafter(r, 2, K=5, threshold=threshold)
     d.exit_logits = ScriptedExit(script)
     state = start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0))
     prop = d.propose(state)
@@ -129,7 +130,7 @@ def test_low_confidence_first_token_is_proposed_alone(model):
     from dvi_lite.methods.early_exit import EarlyExitDrafter
 
     r = Runner.for_model(model)
-    d = EarlyExitDrafter(r, 2, k=4, threshold=0.6)
+    d = EarlyExitDrafter(r, 2, K=4, threshold=0.6)
     d.exit_logits = ScriptedExit([(7, 0.1), (8, 0.99)])
     prop = d.propose(start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0)))
     assert prop.tokens.tolist() == [7] and d.exit_logits.calls == 1

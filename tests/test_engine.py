@@ -80,7 +80,7 @@ def test_sps_greedy_equals_ar(target, draft, tok, frequent_tok, prompts, ar_out)
     for k in range(1, 6):
         acc = []
         for p, ref in zip(prompts, ar_out, strict=True):
-            out = generate(target, tok, p, method="sps", draft_model=draft, k=k, max_new_tokens=NEW, stop_at_eos=False)
+            out = generate(target, tok, p, method="sps", draft_model=draft, K=k, max_new_tokens=NEW, stop_at_eos=False)
             assert out.token_ids == ref, (k, p)
             assert all(s.drafted <= k for s in out.stats.steps)
             acc.append(out.stats.alpha)
@@ -88,13 +88,13 @@ def test_sps_greedy_equals_ar(target, draft, tok, frequent_tok, prompts, ar_out)
     assert any(0 < a < 1 for a in alphas.values()), alphas
     for p in prompts:  # with eos stopping too
         ar = generate(target, frequent_tok, p, method="ar", max_new_tokens=NEW)
-        sps = generate(target, frequent_tok, p, method="sps", draft_model=draft, k=4, max_new_tokens=NEW)
+        sps = generate(target, frequent_tok, p, method="sps", draft_model=draft, K=4, max_new_tokens=NEW)
         assert sps.token_ids == ar.token_ids
 
 
 def test_sps_self_draft_accepts_everything(target, tok, prompts, ar_out):
     for p, ref in zip(prompts[:5], ar_out[:5], strict=True):
-        out = generate(target, tok, p, method="sps", draft_model=target, k=3, max_new_tokens=NEW, stop_at_eos=False)
+        out = generate(target, tok, p, method="sps", draft_model=target, K=3, max_new_tokens=NEW, stop_at_eos=False)
         assert out.token_ids == ref
         assert out.stats.alpha == 1.0
         assert out.stats.tau > 2.5  # 4 tokens per target forward except the (clamped) last step
@@ -102,7 +102,7 @@ def test_sps_self_draft_accepts_everything(target, tok, prompts, ar_out):
 
 def test_hf_assisted_greedy_equals_ar(target, draft, tok, prompts, ar_out):
     for p, ref in zip(prompts[:3], ar_out[:3], strict=True):
-        out = generate(target, tok, p, method="hf_assisted", draft_model=draft, k=3, max_new_tokens=NEW,
+        out = generate(target, tok, p, method="hf_assisted", draft_model=draft, K=3, max_new_tokens=NEW,
                        stop_at_eos=False)
         assert out.token_ids == ref
 
@@ -124,7 +124,7 @@ def _assert_cache_equals_fresh(model, cache, tokens: list[int]):
 
 @pytest.mark.parametrize("sampler", [Sampler(), Sampler(temperature=1.0)], ids=["greedy", "T1"])
 def test_target_and_draft_caches_equal_a_fresh_prefill(target, draft, prompts, sampler):
-    drafter = DraftModelDrafter(draft, k=3)
+    drafter = DraftModelDrafter(draft, K=3)
     state = start(Runner(target), drafter, prompts[0], 40, sampler, make_generator(0), max_draft=3)
     accepted = []
     for _ in range(8):
@@ -177,18 +177,18 @@ def test_tree_drafter_greedy_equals_ar_and_cache_is_gathered(target, draft, prom
 
 @pytest.mark.parametrize("temperature, top_p, max_new", [
     (1.0, 1.0, 3),
-    # max_new_tokens=4: with 3, the drafter clamps k to remaining-1 = 1 and k=2 is never verified;
+    # max_new_tokens=4: with 3, the drafter clamps k to remaining-1 = 1 and K=2 is never verified;
     # with 4 the first verification checks a 2-token chain (t2, t3), whose law we test.
     (0.7, 1.0, 4),
     (1.0, 0.9, 3),
 ])
 def test_sps_sampling_is_lossless_end_to_end(target8, draft8, tok8, temperature, top_p, max_new):
     assert_lossless_sampling(target8, tok8, "sps", temperature=temperature, top_p=top_p, max_new_tokens=max_new,
-                             draft_model=draft8, k=2)
+                             draft_model=draft8, K=2)
 
 
 def test_sampling_is_reproducible_with_a_seed(target, draft, tok, prompts):
-    kw = dict(method="sps", draft_model=draft, k=3, max_new_tokens=12, temperature=1.0, stop_at_eos=False)
+    kw = dict(method="sps", draft_model=draft, K=3, max_new_tokens=12, temperature=1.0, stop_at_eos=False)
     first = generate(target, tok, prompts[0], seed=5, **kw).token_ids
     assert first == generate(target, tok, prompts[0], seed=5, **kw).token_ids
 
@@ -210,10 +210,10 @@ def test_sampling_is_reproducible_with_a_seed(target, draft, tok, prompts):
     ({"prompt": (1, 2)}, TypeError, "prompt must be"),
     ({"prompt": [1, "a"]}, TypeError, "prompt must be"),
     ({"prompt": [1] * 100, "max_new_tokens": 29}, ValueError, r"max_new_tokens \(29\) exceeds .* context of 128"),
-    ({"method": "sps", "k": 0}, ValueError, r"sps option 'k' \(draft tokens per step, K\) must be an int >= 1, got 0"),
-    ({"method": "sps", "k": True}, ValueError, r"sps option 'k' .* must be an int >= 1, got True"),
-    ({"method": "sps", "kk": 3}, ValueError, r"method 'sps' has no option 'kk'; its options: draft_model, k"),
-    ({"method": "ar", "k": 3}, ValueError, r"method 'ar' has no option 'k'; its options: none"),
+    ({"method": "sps", "K": 0}, ValueError, r"sps option 'K' \(draft tokens per step\) must be an int >= 1, got 0"),
+    ({"method": "sps", "K": True}, ValueError, r"sps option 'K' .* must be an int >= 1, got True"),
+    ({"method": "sps", "kk": 3}, ValueError, r"method 'sps' has no option 'kk'; its options: draft_model, K"),
+    ({"method": "ar", "K": 3}, ValueError, r"method 'ar' has no option 'K'; its options: none"),
 ])
 def test_generate_bad_inputs(target, draft, tok, kw, exc, match):
     kw = {"prompt": [1, 2, 3], **kw}

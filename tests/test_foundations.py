@@ -43,7 +43,7 @@ def test_decode_roofline_arithmetic(target):
 def test_regime_table():
     vs = {"memory": {1: 1.0, 5: 1.05, 9: 1.1}, "compute": {1: 1.0, 5: 2.0, 9: 3.5}}
     rows = f.regime_table(vs, alpha=0.8, c=0.05, ks=[4, 8])
-    assert [(r["model"], r["k"]) for r in rows] == [("memory", 4), ("memory", 8), ("compute", 4), ("compute", 8)]
+    assert [(r["model"], r["K"]) for r in rows] == [("memory", 4), ("memory", 8), ("compute", 4), ("compute", 8)]
     m4 = rows[0]
     assert m4["v"] == pytest.approx(1.05) and m4["tau"] == pytest.approx(expected_tokens(0.8, 4))
     assert m4["predicted_speedup"] == pytest.approx(m4["tau"] / (1.05 + 4 * 0.05))

@@ -40,7 +40,7 @@ def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
     split = 2
     adapter = KangarooAdapter(model, split).eval()
     runner = Runner(model)
-    drafter = KangarooDrafter(runner, adapter, k=4, threshold=None, branch=branch)
+    drafter = KangarooDrafter(runner, adapter, K=4, threshold=None, branch=branch)
     sampler = Sampler() if greedy else Sampler(temperature=1.0)
     state = start(runner, drafter, PROMPTS[0], 40, sampler, make_generator(0))
     all_accepted = False
@@ -69,7 +69,7 @@ def test_adapter_cache_equals_fresh_computation(model, greedy, branch):
 def test_sampling_is_lossless_end_to_end(target8, tok8, branch, threshold):
     """Chain (rejection sampling with q) and tree (top-k point masses) drafts: output law = p's."""
     assert_lossless_sampling(target8, tok8, "kangaroo", split=1, adapter=KangarooAdapter(target8, 1).eval(),
-                             k=3, threshold=threshold, branch=branch)
+                             K=3, threshold=threshold, branch=branch)
 
 
 def test_missing_adapter_is_a_clear_error(model, tmp_path):
@@ -88,7 +88,7 @@ def test_adapter_for_another_model_is_rejected(model, tmp_path):
 @pytest.mark.parametrize("kw,msg", [(dict(split=0), "split"), (dict(split=4), "split"),
                                     (dict(split=2, threshold=0.0), "threshold"),
                                     (dict(split=2, threshold=1.2), "threshold"),
-                                    (dict(split=2, branch=0), "branch"), (dict(split=2, k=0), "'k'"),
+                                    (dict(split=2, branch=0), "branch"), (dict(split=2, K=0), "'K'"),
                                     (dict(split=1), "trained for exit layer 2")])
 def test_bad_inputs(model, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -106,7 +106,7 @@ def test_default_split(model, tmp_path, monkeypatch):
     save_adapter(KangarooAdapter(model, default_split(4)), model, kd.adapter_path(default_split(4), tmp_path))
     monkeypatch.setattr(kd, "model_adapter_path", lambda m, split: kd.adapter_path(split, tmp_path))
     d = kd.make_drafter(model, IdTokenizer())
-    assert d.split == d.adapter.split == default_split(4) and d.k == 6 and d.threshold == 0.6
+    assert d.split == d.adapter.split == default_split(4) and d.K == 6 and d.threshold == 0.6
 
 
 def test_distillation_reduces_kl(model):
@@ -217,7 +217,7 @@ def test_replay_follows_double_early_exit():
     draft = torch.tensor([8, 2, 3, 0, 5, 6, 7, 0])  # wrong at 3
     conf = torch.tensor([1.0, 0.9, 0.9, 0.9, 0.9, 0.4, 0.9, 0.9])
     row = {"answer": True, "tokens": tokens, "teacher": teacher, "draft": draft, "conf": conf}
-    # greedy run [1, 7): from 1: drafts 1..4 (k=4), accepts 2 (1, 2), tau 3; from 4: drafts 4, 5 (conf 0.4 < 0.6,
+    # greedy run [1, 7): from 1: drafts 1..4 (K=4), accepts 2 (1, 2), tau 3; from 4: drafts 4, 5 (conf 0.4 < 0.6,
     # still proposed) -> 2 accepted, tau 3; from 7: the run's end
     assert replay([row], 0.6, 4) == {"tau": 3.0, "drafted": 3.0, "steps": 2}
     assert replay([row], None, 4)["drafted"] == 3.5  # from 4: 3 drafts to the run's end

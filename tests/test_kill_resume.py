@@ -256,7 +256,7 @@ def argv_for(command: str, model: Path, run: Path) -> tuple[list[str], Path]:
     if command == "dvi":
         return common + ["--split", "1", "--ckpt-every", "1", "--ckpt-dir", str(run / "ck"), "--out", str(run / "out"),
                          "--prompts", str(model.parent / "prompts.jsonl"), "--max-new-tokens", "16",
-                         "--eval-prompts", "0", "--k", "3", "--slow"], run / "ck" / "policy.pt"
+                         "--eval-prompts", "0", "--K", "3", "--slow"], run / "ck" / "policy.pt"
     if command == "kangaroo-train":
         return common + ["--split", "1", "--out", str(run / "out" / "adapter.pt")], run / "ckpt" / "kangaroo_k1.pt"
     return common + ["--heads", "2", "--batch-size", "2", "--seq-len", "32", "--out", str(run / "out" / "heads.pt")], \

@@ -59,19 +59,19 @@ def dvi_model(target8):
 # case -> (method, sampler, options, the chain check: ("run", 3) = a step accepted 3 drafts, ("depth", 3))
 CASES = {
     "ar": ("ar", "topk", {}, None),
-    "sps": ("sps", "T0.7", {"draft_model": "draft8", "k": K}, ("run", 3)),
-    "pld": ("pld", "T1", {"k": K, "max_ngram": 2}, ("depth", 3)),
-    "early_exit": ("early_exit", "topp", {"split": 1, "k": K}, ("run", 3)),
-    "kangaroo_chain": ("kangaroo", "T1", {"adapter": "adapter", "k": K, "threshold": None}, ("run", 3)),
-    "kangaroo_tree": ("kangaroo", "T0.7", {"adapter": "adapter", "k": K, "threshold": None, "branch": 2}, ("run", 3)),
-    "draft_verify": ("draft_verify", "topk", {"skip": Skip(mlp=frozenset({1})), "k": K, "threshold": None,
+    "sps": ("sps", "T0.7", {"draft_model": "draft8", "K": K}, ("run", 3)),
+    "pld": ("pld", "T1", {"K": K, "max_ngram": 2}, ("depth", 3)),
+    "early_exit": ("early_exit", "topp", {"split": 1, "K": K}, ("run", 3)),
+    "kangaroo_chain": ("kangaroo", "T1", {"adapter": "adapter", "K": K, "threshold": None}, ("run", 3)),
+    "kangaroo_tree": ("kangaroo", "T0.7", {"adapter": "adapter", "K": K, "threshold": None, "branch": 2}, ("run", 3)),
+    "draft_verify": ("draft_verify", "topk", {"skip": Skip(mlp=frozenset({1})), "K": K, "threshold": None,
                                               "adaptive": False}, ("run", 3)),
-    "medusa_cartesian": ("medusa", "topp", {"heads": "heads", "k": K, "branch": 2, "tree": "cartesian"}, ("run", 3)),
-    "medusa_pruned": ("medusa", "T1", {"heads": "heads", "k": K, "branch": 3, "tree": "pruned", "max_nodes": 8},
+    "medusa_cartesian": ("medusa", "topp", {"heads": "heads", "K": K, "branch": 2, "tree": "cartesian"}, ("run", 3)),
+    "medusa_pruned": ("medusa", "T1", {"heads": "heads", "K": K, "branch": 3, "tree": "pruned", "max_nodes": 8},
                       ("run", 3)),
-    "medusa_sparse": ("medusa", "topk", {"heads": "heads", "k": K, "branch": 3, "tree": "sparse", "accuracies": ACC,
+    "medusa_sparse": ("medusa", "topk", {"heads": "heads", "K": K, "branch": 3, "tree": "sparse", "accuracies": ACC,
                                          "max_nodes": 8}, ("run", 3)),
-    "dvi": ("dvi", "T0.7", {"state": "policy", "k": K, "threshold": None}, ("run", 3)),
+    "dvi": ("dvi", "T0.7", {"state": "policy", "K": K, "threshold": None}, ("run", 3)),
 }
 
 

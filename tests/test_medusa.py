@@ -60,7 +60,7 @@ def ar_outputs(models):
                    for p in DEEP_PROMPTS] for name, m in models.items()}
 
 
-CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, k=2), dict(tree="pruned"),
+CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, K=2), dict(tree="pruned"),
            dict(tree="pruned", threshold=0.2), dict(tree="pruned", threshold=0.05, prune="path", max_nodes=8),
            dict(tree="pruned", threshold=0.3, prune="entropy"),
            dict(tree="sparse", branch=3, accuracies=ACC3, max_nodes=6),
@@ -145,7 +145,7 @@ def test_self_distilled_heads_get_accepted(perm_model):
 
 
 @pytest.mark.parametrize("acceptance", ["exact", "typical"])
-@pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, k=2)])
+@pytest.mark.parametrize("kw", [dict(tree="cartesian", branch=2, K=2)])
 def test_sampling_is_lossless_end_to_end(target8, tok8, kw, acceptance):
     """Deterministic top-k candidates verified as point masses (q = None): the output law is p's.
 
@@ -297,8 +297,8 @@ def test_best_first_keeps_ancestors_before_descendants():
 
 # ------------------------------------------------------------------------------------------ bad inputs
 
-@pytest.mark.parametrize("args,msg", [((0, 2), r"^k \(heads used"), ((2, 0), r"^branch \(candidates"),
-                                      ((True, 2), r"^k \(heads used"), ((2, 1.5), r"^branch \(candidates")])
+@pytest.mark.parametrize("args,msg", [((0, 2), r"^K \(heads used"), ((2, 0), r"^branch \(candidates"),
+                                      ((True, 2), r"^K \(heads used"), ((2, 1.5), r"^branch \(candidates")])
 def test_validate_tree_args(args, msg):
     with pytest.raises(ValueError, match=msg):
         validate_tree_args(*args)
@@ -311,7 +311,7 @@ def test_malformed_parents_are_rejected(parents):
         CandidateTree(torch.zeros(par.shape, dtype=torch.long), par)
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(k=0), "option 'k'"), (dict(k=4), "k=4 but the heads have only 3"),
+@pytest.mark.parametrize("kw,msg", [(dict(K=0), "option 'K'"), (dict(K=4), "K=4 but the heads have only 3"),
                                     (dict(branch=0), "branch"), (dict(branch=65), "branch=65 exceeds the vocabulary"),
                                     (dict(tree="bogus"), "tree"), (dict(tree="cartesian", threshold=0.3), "threshold"),
                                     (dict(tree="cartesian", max_nodes=4), "max_nodes"),

@@ -226,20 +226,20 @@ def _expect_failure(monkeypatch, name: str, fn, where: str, report_kw: dict, cau
 
 @pytest.mark.parametrize("bug", (None,) + CHAIN_BUGS)
 def test_lossy_chain_verifiers_fail_the_check(monkeypatch, target8, indep8, tok8, bug):
-    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=2, draft_model=indep8, k=1)
+    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=2, draft_model=indep8, K=1)
     _expect_failure(monkeypatch, f"chain {bug}", bug and broken_chain(bug), "verify_sampling_chain", kw)
 
 
 @pytest.mark.parametrize("bug", (None,) + TREE_BUGS)
 def test_lossy_tree_verifiers_fail_the_check(monkeypatch, target8, tok8, bug):
-    kw = dict(model=target8, tok=tok8, method="early_exit", temperature=T, max_new_tokens=2, split=SPLIT, k=1, branch=2)
+    kw = dict(model=target8, tok=tok8, method="early_exit", temperature=T, max_new_tokens=2, split=SPLIT, K=1, branch=2)
     _expect_failure(monkeypatch, f"tree {bug}", bug and broken_tree(bug), "verify_tree", kw)
 
 
 def test_a_mistake_past_the_first_verified_token_is_caught_at_its_depth(monkeypatch, target8, indep8, tok8):
     """The deeper tests have power of their own: a rule that judges the first draft right and accepts every
     later one (K = 3, 5 new tokens) passes t1 and t2|t1 and must fail at t3|t2 or t4|t3 (depths 2 and 3)."""
-    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=5, draft_model=indep8, k=3)
+    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=5, draft_model=indep8, K=3)
     _expect_failure(monkeypatch, "chain deep_accept_all", broken_chain("deep_accept_all"), "verify_sampling_chain",
                     kw, caught_by=("t3|t2", "t4|t3"), clean=("t1", "t2|t1"))
 
@@ -248,7 +248,7 @@ def test_a_wrong_bonus_token_is_caught(monkeypatch, target8, tok8):
     """The bonus token has a test of its own: with the target as its own draft every draft is accepted, so
     t3 (K = 1, 3 new tokens) is always the bonus; drawing it from the last draft's row p[K-1] instead of
     p[K] leaves t1 and t2 right and must fail t3|t2."""
-    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=3, draft_model=target8, k=1,
+    kw = dict(model=target8, tok=tok8, method="sps", temperature=T, max_new_tokens=3, draft_model=target8, K=1,
               drafts=False)
     _expect_failure(monkeypatch, "chain bonus_prev_row", broken_chain("bonus_prev_row"), "verify_sampling_chain",
                     kw, caught_by=("t3|t2",), clean=("t1", "t2|t1"))

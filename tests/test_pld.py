@@ -12,19 +12,19 @@ from dvi_lite.methods.pld import PromptLookupDrafter
 NEW = 32
 
 
-def lookup(tokens: list[int], k: int = 6, max_ngram: int = 3) -> list[int]:
-    return PromptLookupDrafter(k, max_ngram, vocab=100).lookup(tokens, k)
+def lookup(tokens: list[int], K: int = 6, max_ngram: int = 3) -> list[int]:
+    return PromptLookupDrafter(K, max_ngram, vocab=100).lookup(tokens, K)
 
 
 def test_lookup_copies_what_followed_the_longest_match():
     assert lookup([1, 2, 3, 4, 9, 2, 3]) == [4, 9, 2, 3]  # (2, 3) occurred at 1: copy what followed
-    assert lookup([1, 2, 3, 4, 9, 2, 3], k=2) == [4, 9]
+    assert lookup([1, 2, 3, 4, 9, 2, 3], K=2) == [4, 9]
     # (7, 2, 3) beats the more recent (2, 3): the longest n-gram wins
     assert lookup([7, 2, 3, 5, 2, 3, 6, 7, 2, 3]) == [5, 2, 3, 6, 7, 2]
 
 
 def test_lookup_takes_the_most_recent_match():
-    assert lookup([5, 6, 7, 5, 6, 8, 5, 6], k=3) == [8, 5, 6]
+    assert lookup([5, 6, 7, 5, 6, 8, 5, 6], K=3) == [8, 5, 6]
 
 
 def test_lookup_without_a_match_drafts_nothing():
@@ -42,9 +42,9 @@ def test_lookup_is_incremental():
 
 def test_registry_row_and_option_errors():
     m = get_method("pld")
-    assert m.engine and m.resolve() == {"k": 6, "max_ngram": 3}
-    with pytest.raises(ValueError, match="k"):
-        m.resolve(k=0)
+    assert m.engine and m.resolve() == {"K": 6, "max_ngram": 3}
+    with pytest.raises(ValueError, match="'K'"):
+        m.resolve(K=0)
     with pytest.raises(ValueError, match="max_ngram"):
         m.resolve(max_ngram=0)
     with pytest.raises(ValueError, match="no option 'n'"):
@@ -53,7 +53,7 @@ def test_registry_row_and_option_errors():
 
 def test_sampling_is_lossless(target8, tok8):
     """Point-mass drafts under rejection sampling: the first three tokens follow the target's exact law."""
-    assert_lossless_sampling(target8, tok8, "pld", temperature=1.0, max_new_tokens=4, k=2, max_ngram=2)
+    assert_lossless_sampling(target8, tok8, "pld", temperature=1.0, max_new_tokens=4, K=2, max_ngram=2)
 
 
 def _greedy_equal(model, tok, prompts, **options) -> float:
@@ -75,7 +75,7 @@ def test_greedy_equals_ar_on_the_course_model():
     model, tok = dvi_lite.load_model()
     prompts = [p["prompt"] for p in spread(load_prompts(), 6)]
     assert _greedy_equal(model, tok, prompts) > 1.0  # it drafted and something was accepted
-    assert _greedy_equal(model, tok, prompts[:2], k=3, max_ngram=1) > 1.0
+    assert _greedy_equal(model, tok, prompts[:2], K=3, max_ngram=1) > 1.0
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ def test_replay_is_the_engines_greedy_run(course, k):
 
     model, tok = course
     for prompt in PROMPTS:
-        res = generate(model, tok, prompt, method="pld", max_new_tokens=40, k=k)
+        res = generate(model, tok, prompt, method="pld", max_new_tokens=40, K=k)
         ar = generate(model, tok, prompt, method="ar", max_new_tokens=40)
         assert res.token_ids == ar.token_ids
         log = [(s.drafted, s.accepted) for s in res.stats.steps]
@@ -32,7 +32,7 @@ def test_replay_is_the_engines_greedy_run(course, k):
 def test_tau_by_group_pools_the_steps():
     rows = [{"group": "copy", "prompt_ids": [1, 2, 3, 4], "answer_ids": [1, 2, 3, 4, 1, 2, 3]},
             {"group": "chat", "prompt_ids": [5, 6], "answer_ids": [7, 8, 9]}]
-    out = ch.tau_by_group(rows, k=6)
+    out = ch.tau_by_group(rows, K=6)
     assert out["chat"]["tau"] == 1.0 and out["chat"]["copied"] == 0.0 and out["chat"]["alpha"] is None
     # copy: the prefill gives 1; [2, 3, 4, 1] is copied from the prompt and accepted (+ the target's 2); the last
     # token is the target's alone (no room left to draft): 2 steps for 6 tokens
@@ -43,9 +43,9 @@ def test_tau_by_group_pools_the_steps():
 def test_match_html_shows_the_match_and_the_copy(course):
     _, tok = course
     ids = tok("the cat sat on the mat. the cat", add_special_tokens=False)["input_ids"]
-    page = ch.match_html(tok, ids, k=3)
+    page = ch.match_html(tok, ids, K=3)
     assert "proposed (3 tokens" in page and "gram match" in page
-    assert "nothing to propose" in ch.match_html(tok, ids[:1], k=3)
+    assert "nothing to propose" in ch.match_html(tok, ids[:1], K=3)
 
 
 def test_best_copy_point_is_where_the_longest_copy_was_accepted():

@@ -36,14 +36,14 @@ BOTH = dict(temperature=1.3, top_k=4, top_p=0.9)
 # case -> (method, options, the chain check: ("run", 3) = a step accepted 3 drafts in a row)
 CASES = {
     # sps is covered under top-p and top-k by test_engine.py and test_course_model.py
-    "early_exit": ("early_exit", {"split": 1, "k": K}, ("run", 3)),
-    "kangaroo_chain": ("kangaroo", {"adapter": "adapter", "k": K, "threshold": None}, ("run", 3)),
-    "draft_verify": ("draft_verify", {"skip": Skip(mlp=frozenset({1})), "k": K, "threshold": None,
+    "early_exit": ("early_exit", {"split": 1, "K": K}, ("run", 3)),
+    "kangaroo_chain": ("kangaroo", {"adapter": "adapter", "K": K, "threshold": None}, ("run", 3)),
+    "draft_verify": ("draft_verify", {"skip": Skip(mlp=frozenset({1})), "K": K, "threshold": None,
                                       "adaptive": False}, ("run", 3)),
-    "dvi": ("dvi", {"state": "policy", "k": K, "threshold": None}, ("run", 3)),
+    "dvi": ("dvi", {"state": "policy", "K": K, "threshold": None}, ("run", 3)),
     # point-mass drafts: each filter on its own (together they leave too few copies kept for a t5 cell)
-    "pld_top_k": ("pld", {"k": K, "max_ngram": 2, "top_p": 1.0}, ("depth", 3)),
-    "pld_top_p": ("pld", {"k": K, "max_ngram": 2, "top_k": 0}, ("depth", 3)),
+    "pld_top_k": ("pld", {"K": K, "max_ngram": 2, "top_p": 1.0}, ("depth", 3)),
+    "pld_top_p": ("pld", {"K": K, "max_ngram": 2, "top_k": 0}, ("depth", 3)),
 }
 
 

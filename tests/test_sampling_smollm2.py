@@ -80,7 +80,7 @@ def first_verified_draws(model, tok, method: str, n: int, sampler_kw: dict, k: i
     sampler = Sampler(**sampler_kw)
     ids = prompt_ids(tok, PROMPT)
     runner = Runner.for_model(model)
-    drafter = get_method(method).build(model, tok, k=k, **opts)
+    drafter = get_method(method).build(model, tok, K=k, **opts)
     state0 = start(runner, drafter, ids, 2 + k, sampler, make_generator(0, runner.device))
     ctx = state0.tokens  # prompt + t1 (pending)
     memo = _shared_memo(model, drafter, state0)

@@ -93,19 +93,19 @@ def test_k_sweep_rows(target, draft, tok, prompts):
     before = set(METHODS)
     rows = sl.k_sweep(target, tok, prompts[:2], [1, 3], max_new_tokens=8, repeats=1, temperature=1.0,
                       draft_model=draft)
-    assert set(METHODS) == before  # the sweep's variants are bench labels ("sps:k=3"), never new methods
-    assert [r["k"] for r in rows] == [1, 3]
-    keys = {"k", "alpha", "alpha_hat", "tau", "expected_tokens", "tokens_per_s", "speedup_vs_ar", "c",
+    assert set(METHODS) == before  # the sweep's variants are bench labels ("sps:K=3"), never new methods
+    assert [r["K"] for r in rows] == [1, 3]
+    keys = {"K", "alpha", "alpha_hat", "tau", "expected_tokens", "tokens_per_s", "speedup_vs_ar", "c",
             "predicted_speedup", "measured_over_predicted", "position_acceptance", "position_survival"}
     for r in rows:
         assert keys <= set(r)
-        assert len(r["position_acceptance"]) == r["k"]
-        assert 1.0 <= r["tau"] <= r["k"] + 1
+        assert len(r["position_acceptance"]) == r["K"]
+        assert 1.0 <= r["tau"] <= r["K"] + 1
     assert rows[0]["alpha"] == pytest.approx(rows[0]["alpha_hat"])  # K = 1: the two estimates agree
 
 
 def test_parity_table_fp32_exact(target, tok, prompts):
-    t = sl.parity_table(target, tok, prompts[:2], new_tokens=6, k=2, dtypes=("float32",))
+    t = sl.parity_table(target, tok, prompts[:2], new_tokens=6, K=2, dtypes=("float32",))
     assert t["rows"][0]["dtype"] == "float32" and t["rows"][0]["positions"] == 12
     assert t["rows"][0]["mismatches"] == 0
 
@@ -115,7 +115,7 @@ def test_parity_study_reports_near_ties(target, tok, prompts):
     from dvi_lite.course import ch01_parity as cp
 
     recs = [{"prompt": prompts[0]}, prompts[1], "abc"]
-    st = cp.parity_study(target, tok, recs, dtypes=("float32", "bfloat16"), new_tokens=5, k=2, max_examples=3)
+    st = cp.parity_study(target, tok, recs, dtypes=("float32", "bfloat16"), new_tokens=5, K=2, max_examples=3)
     assert [r["dtype"] for r in st["rows"]] == ["float32", "bfloat16"]
     for r in st["rows"]:
         name = r["dtype"]

@@ -71,7 +71,7 @@ def test_sps_with_the_shared_draft_is_greedy_lossless(course, smoke, k):
     model, tok = course
     for p in PROMPTS:
         ar = dvi_lite.generate(model, tok, p, method="ar", max_new_tokens=NEW, stop_at_eos=False)
-        out = dvi_lite.generate(model, tok, p, method="sps", draft_model=smoke[0], k=k, max_new_tokens=NEW,
+        out = dvi_lite.generate(model, tok, p, method="sps", draft_model=smoke[0], K=k, max_new_tokens=NEW,
                                 stop_at_eos=False)
         assert out.token_ids == ar.token_ids, p
 
@@ -80,7 +80,7 @@ def test_hf_assisted_accepts_the_shared_draft(course, smoke):
     model, tok = course
     for p in PROMPTS[:2]:
         ar = dvi_lite.generate(model, tok, p, method="ar", max_new_tokens=NEW)
-        hf = dvi_lite.generate(model, tok, p, method="hf_assisted", draft_model=smoke[0], k=3, max_new_tokens=NEW)
+        hf = dvi_lite.generate(model, tok, p, method="hf_assisted", draft_model=smoke[0], K=3, max_new_tokens=NEW)
         assert hf.token_ids == ar.token_ids, p
 
 
@@ -100,7 +100,7 @@ def test_trimmed_head_draft_round_trip(course, tmp_path):
     assert torch.allclose(back.model.layers[1].mlp.up_proj.weight, model.model.layers[11].mlp.up_proj.weight.half()
                           .float())
     ar = dvi_lite.generate(model, tok, PROMPTS[0], method="ar", max_new_tokens=NEW, stop_at_eos=False)
-    out = dvi_lite.generate(model, tok, PROMPTS[0], method="sps", draft_model=tmp_path, k=3, max_new_tokens=NEW,
+    out = dvi_lite.generate(model, tok, PROMPTS[0], method="sps", draft_model=tmp_path, K=3, max_new_tokens=NEW,
                             stop_at_eos=False)
     assert out.token_ids == ar.token_ids
 

@@ -294,7 +294,7 @@ from dvi_lite.methods.medusa.drafter import make_drafter  # noqa: E402
 from dvi_lite.methods.medusa.heads import MedusaHeads  # noqa: E402
 
 DECODE_TREES = {  # one per tree builder
-    "cartesian": dict(tree="cartesian", branch=2, k=2),
+    "cartesian": dict(tree="cartesian", branch=2, K=2),
     "pruned": dict(tree="pruned", branch=3, max_nodes=6),
     "sparse": dict(tree="sparse", branch=3, max_nodes=6,
                    accuracies=[[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]),
@@ -367,7 +367,7 @@ def test_kernel_option_through_generate(gqa_model):
     heads = perturbed_heads(gqa_model)
     ar = dvi_lite.generate(gqa_model, IdTokenizer(), PROMPT, max_new_tokens=8, stop_at_eos=False)
     md = dvi_lite.generate(gqa_model, IdTokenizer(), PROMPT, method="medusa", heads=heads, attention="triton",
-                           tree="cartesian", branch=2, k=2, max_new_tokens=8, stop_at_eos=False)
+                           tree="cartesian", branch=2, K=2, max_new_tokens=8, stop_at_eos=False)
     assert md.token_ids == ar.token_ids and sum(s.accepted for s in md.stats.steps) > 0
 
 

@@ -89,7 +89,7 @@ def test_greedy_decoding_ignores_typical_acceptance(target):
     for p in DEEP_PROMPTS[:2]:
         ar = dvi_lite.generate(target, IdTokenizer(), p, max_new_tokens=16, stop_at_eos=False)
         md = dvi_lite.generate(target, IdTokenizer(), p, method="medusa", heads=heads, tree="cartesian", branch=2,
-                               k=2, acceptance="typical", max_new_tokens=16, stop_at_eos=False)
+                               K=2, acceptance="typical", max_new_tokens=16, stop_at_eos=False)
         assert md.token_ids == ar.token_ids
 
 
@@ -102,7 +102,7 @@ def test_typical_accepts_more_when_sampling(target):
         steps = []
         for seed, p in enumerate(DEEP_PROMPTS):
             out = dvi_lite.generate(target, IdTokenizer(), p, method="medusa", heads=heads, tree="cartesian",
-                                    branch=3, k=2, acceptance=rule, temperature=1.0, seed=seed, max_new_tokens=24,
+                                    branch=3, K=2, acceptance=rule, temperature=1.0, seed=seed, max_new_tokens=24,
                                     stop_at_eos=False)
             steps += out.stats.steps
         accepted[rule] = sum(s.accepted for s in steps) / len(steps)

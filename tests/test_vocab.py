@@ -107,7 +107,7 @@ def test_greedy_equals_ar_with_a_trimmed_head(model, ids, method):
     alphas = []
     for p in DEEP_PROMPTS:
         ar = dvi_lite.generate(model, IdTokenizer(), p, max_new_tokens=40, stop_at_eos=False)
-        out = dvi_lite.generate(model, IdTokenizer(), p, method=method, vocab=ids, k=4, max_new_tokens=40,
+        out = dvi_lite.generate(model, IdTokenizer(), p, method=method, vocab=ids, K=4, max_new_tokens=40,
                                 stop_at_eos=False, **kw)
         assert out.token_ids == ar.token_ids
         alphas.append(out.stats.alpha)
@@ -118,7 +118,7 @@ def test_greedy_equals_ar_with_a_trimmed_head(model, ids, method):
 def test_q_is_zero_outside_the_map(model, ids, method):
     from dvi_lite.core.registry import get_method
 
-    drafter = get_method(method).build(model, IdTokenizer(), vocab=ids, k=4, **method_kwargs(model, method))
+    drafter = get_method(method).build(model, IdTokenizer(), vocab=ids, K=4, **method_kwargs(model, method))
     assert drafter.extra_params() >= N * model.config.hidden_size
     off = torch.ones(64, dtype=torch.bool)
     off[ids] = False
@@ -135,4 +135,4 @@ def test_q_is_zero_outside_the_map(model, ids, method):
 def test_sampling_is_lossless_with_a_trimmed_head(target8, tok8, method):
     """The output law is p's although q is 0 on 3 of the 8 tokens (tokens the target may still emit)."""
     kw = dict(split=1) if method == "early_exit" else dict(state=DVIPolicy(target8, 1).eval())
-    assert_lossless_sampling(target8, tok8, method, k=3, vocab=[0, 2, 3, 4, 6], **kw)
+    assert_lossless_sampling(target8, tok8, method, K=3, vocab=[0, 2, 3, 4, 6], **kw)

@@ -4,7 +4,7 @@ Bad input must end in a one-line message a user can act on, never in a traceback
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 
 def is_int(x: Any) -> bool:
@@ -69,3 +69,58 @@ def default_split(n_layers: int) -> int:
     of 32 is shallower still; a smaller model has less redundancy, so it exits relatively later).
     """
     return max(1, n_layers // 6)
+
+
+# Names the course's notation took back: old name -> (new name, what it is). k is the exit layer now, τ the tokens
+# per target forward, so the draft length is K and DVI's time constant T_λ.
+RENAMED = {"k": ("K", "draft tokens per step; k means the exit layer"),
+           "tau": ("t_lambda", "DVI's time constant T_λ; τ means tokens per target forward")}
+
+
+class RenamedError(TypeError, ValueError):
+    """An old name of the notation: a wrong keyword (TypeError) and a wrong option (ValueError) at once."""
+
+
+def renamed(name: str, flag: bool = False) -> str:
+    """'k is now K (draft tokens per step; k means the exit layer)'; flag: as command-line flags ('--k is now --K')."""
+    new, what = RENAMED[name]
+    old, new = (f"--{name}", "--" + new.replace("_", "-")) if flag else (name, new)
+    return f"{old} is now {new} ({what})"
+
+
+def reject_renamed(kwargs: dict, where: str) -> None:
+    """Fail on keywords that a function no longer takes: an old name (RENAMED) names its new one; any other
+    keyword fails as Python would. For `**old` catch-alls and option dicts."""
+    for name in kwargs:
+        if name in RENAMED:
+            raise RenamedError(f"{where}: {renamed(name)}")
+    if kwargs:
+        raise TypeError(f"{where}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+
+
+class RenamedFields:
+    """A dataclass's base: a constructor keyword among `renamed_fields` fails naming its new name."""
+    renamed_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args, **kwargs):
+        reject_renamed({n: kwargs[n] for n in cls.renamed_fields if n in kwargs}, cls.__name__)
+        return super().__new__(cls)
+
+
+def new_names(saved: dict) -> dict:
+    """A dict saved before the renames (a DVI config, a recipe, settings) under the new names: k -> K, tau ->
+    t_lambda. Only for dicts whose k is the draft length and whose tau is DVI's time constant."""
+    return {RENAMED[n][0] if n in RENAMED else n: v for n, v in saved.items()}
+
+
+def add_renamed_flags(ap, *names: str) -> None:
+    """Hidden old flags (`--k`, `--tau`) on an argparse parser that stop with the new flag's name."""
+    import argparse
+
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(renamed(self.dest, flag=True))
+
+    for name in names:
+        ap.add_argument(f"--{name}", dest=name, nargs="?", action=Renamed, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)

@@ -91,7 +91,7 @@ def generate(model, tokenizer, prompt: Prompt, method: str = "ar", max_new_token
     prompt: a str (raw continuation), token ids, or chat messages [{"role": "user", "content": ...}]
     (the tokenizer's chat template is applied, with the generation prompt).
 
-    method_kwargs are the method's options (e.g. sps: draft_model=..., k=4), checked against the registry.
+    method_kwargs are the method's options (e.g. sps: draft_model=..., K=4), checked against the registry.
     """
     spec = get_method(method)
     sampler = Sampler(temperature, top_k, top_p)

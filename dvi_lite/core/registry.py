@@ -5,7 +5,8 @@ side effect), listing the methods must not import torch-heavy modules, and every
 options the same way so that they are validated in one place, with an error that names the option
 and what is allowed. Factories are "module:function" strings, imported on first use.
 
-The draft length has one name everywhere: `k` (K in the course's notation: draft tokens per step).
+The draft length has one name everywhere: `K`, draft tokens per step, as in the course's notation (k is the exit
+layer there); the old name `k` fails with that message (core.checks.RENAMED).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dvi_lite.core.checks import check_choice, check_int, check_prob, check_real
+from dvi_lite.core.checks import RENAMED, check_choice, check_int, check_prob, check_real, reject_renamed
 
 KINDS = ("any", "int", "prob", "real", "bool", "choice")
 
@@ -65,6 +66,7 @@ class Method:
     def resolve(self, **kwargs: Any) -> dict[str, Any]:
         """Defaults filled in, every value checked; an unknown option lists the allowed ones."""
         known = {o.name: o for o in self.options}
+        reject_renamed({n: v for n, v in kwargs.items() if n in RENAMED and n not in known}, f"method {self.name!r}")
         unknown = sorted(set(kwargs) - set(known))
         if unknown:
             allowed = ", ".join(known) or "none"
@@ -80,12 +82,12 @@ class Method:
 
 
 # Options shared by several methods: declared once.
-K = lambda default: Option("k", default, "draft tokens per step, K", "int", low=1)  # noqa: E731
+K = lambda default: Option("K", default, "draft tokens per step", "int", low=1)  # noqa: E731
 SPLIT = Option("split", None, "exit layer: the first `split` layers draft; None = the method's default", "int",
                low=1, optional=True)
 BRANCH = Option("branch", 1, "candidates per draft step: 1 = a chain, more = top-branch tree leaves", "int", low=1)
 THRESHOLD = lambda default: Option("threshold", default, "stop drafting after the first token whose top-1 "  # noqa: E731
-                                   "probability is below it (eta); None = always draft k", "prob", optional=True)
+                                   "probability is below it (eta); None = always draft K", "prob", optional=True)
 VOCAB = Option("vocab", None, "trimmed draft head (FR-Spec): None = the full vocabulary; an int N = the N tokens "
                "most frequent on the corpus; or a saved map's file (verification keeps the full head)")
 DRAFT_MODEL = Option("draft_model", None, "the draft model (object or folder); None = this model's committed draft")
@@ -115,7 +117,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("draft_verify", f"{_M}.draft_verify.drafter:make_drafter", "the target with skipped sub-layers drafts",
            (Option("skip", None, "a Skip, a dict or a file; None = this model's committed skip set"),
             K(8), Option("threshold", 0.8, "stop drafting after the first token whose top-1 probability is below "
-                         "it (gamma; with adaptive, its start value; the authors' 0.8); None = always draft k "
+                         "it (gamma; with adaptive, its start value; the authors' 0.8); None = always draft K "
                          "(adaptive: start at 0.8)", "prob", optional=True),
             Option("adaptive", True, "adapt gamma after every verification (the authors' rule)", "bool"),
             Option("target_alpha", 0.9, "the accepted / drafted rate adaptive gamma aims at", "prob"), VOCAB,
@@ -124,7 +126,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            paper="Zhang et al. 2024"),
     Method("medusa", f"{_M}.medusa.drafter:make_drafter", "extra decoding heads draft a tree, verified at once",
            (Option("heads", None, "MedusaHeads or their file; None = this model's committed heads"),
-            Option("k", None, "draft tokens per step along a path (heads used); None = every head", "int",
+            Option("K", None, "draft tokens per step along a path (heads used); None = every head", "int",
                    low=1, optional=True),
             Option("branch", 4, "candidates per head (top-branch tokens)", "int", low=1),
             Option("tree", "pruned", "cartesian, pruned, sparse, or a list of rank paths"),
@@ -145,13 +147,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("eagle", f"{_M}.eagle.drafter:make_drafter", "a one-layer head drafts from the target's fused features",
            (Option("head", None, "an EagleHead or its file; None = this model's committed head"),
             K(5),
-            Option("tree", "dynamic", "chain (k tokens in a row) or dynamic (EAGLE-2's tree, k deep)", "choice",
+            Option("tree", "dynamic", "chain (K tokens in a row) or dynamic (EAGLE-2's tree, K deep)", "choice",
                    choices=("chain", "dynamic")),
             Option("branch", None, "dynamic tree: nodes expanded per depth and children per node (None = 4)", "int",
                    low=1, optional=True),
             Option("max_nodes", None, "dynamic tree: candidates kept after reranking and verified (None = 24)",
                    "int", low=1, optional=True),
-            Option("lookup", False, "dynamic tree: merge a prompt-lookup copy (up to k tokens) into the tree",
+            Option("lookup", False, "dynamic tree: merge a prompt-lookup copy (up to K tokens) into the tree",
                    "bool")),
            paper="Li et al. 2024 (EAGLE-2); Li et al. 2025 (EAGLE-3)"),
     Method("dvi", f"{_M}.dvi.drafter:make_drafter", "early exit + a head learned online from the verifier",

@@ -81,7 +81,7 @@ def regime_table(vs: dict[str, dict], alpha: float, c: float, ks: list[int]) -> 
     for name, v in vs.items():
         for k in ks:
             tau = expected_tokens(alpha, k)
-            rows.append({"model": name, "k": k, "v": v_of(v, k + 1), "tau": tau,
+            rows.append({"model": name, "K": k, "v": v_of(v, k + 1), "tau": tau,
                          "predicted_speedup": predicted_speedup(tau, k, c, v),
                          "free": predicted_speedup(tau, k, c, lambda n: 1.0)})
     return rows

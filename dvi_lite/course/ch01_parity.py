@@ -68,12 +68,12 @@ def _steps(top1: float, top2: float) -> float:
 
 @torch.no_grad()
 def decode_vs_verify(runner: Runner, prompt_ids: list[int], new_tokens: int,
-                     k: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+                     K: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Greedy-decode new_tokens one at a time, then recompute the same positions K+1 at a time.
 
     Returns (decode logits (N, V), verify logits (N, V), the generated tokens).
     """
-    cache = runner.new_cache(len(prompt_ids) + new_tokens + k + 2)
+    cache = runner.new_cache(len(prompt_ids) + new_tokens + K + 2)
     logits, _ = runner.forward(torch.tensor([prompt_ids], device=runner.device), cache)
     dec, toks = [logits[0, -1]], []
     for _ in range(new_tokens - 1):
@@ -81,18 +81,18 @@ def decode_vs_verify(runner: Runner, prompt_ids: list[int], new_tokens: int,
         logits, _ = runner.forward(torch.tensor([[toks[-1]]], device=runner.device), cache)
         dec.append(logits[0, -1])
     toks.append(int(dec[-1].argmax()))
-    cache = runner.new_cache(len(prompt_ids) + new_tokens + k + 2)  # verify path: chunks of K+1
+    cache = runner.new_cache(len(prompt_ids) + new_tokens + K + 2)  # verify path: chunks of K+1
     logits, _ = runner.forward(torch.tensor([prompt_ids], device=runner.device), cache)
     ver = [logits[0, -1]]
-    for s in range(0, new_tokens - 1, k + 1):
-        chunk = toks[s : min(s + k + 1, new_tokens - 1)]
+    for s in range(0, new_tokens - 1, K + 1):
+        chunk = toks[s : min(s + K + 1, new_tokens - 1)]
         logits, _ = runner.forward(torch.tensor([chunk], device=runner.device), cache)
         ver += list(logits[0])
     return torch.stack(dec).float(), torch.stack(ver).float(), toks
 
 
 def measure_parity(model, prompts: list[list[int]], dtypes=("float32", "bfloat16", "float16"), new_tokens: int = 32,
-                   k: int = 4, max_examples: int = 5) -> dict[str, ParityReport]:
+                   K: int = 4, max_examples: int = 5) -> dict[str, ParityReport]:
     """Mismatch rate of argmax(verify) vs argmax(decode), per dtype, on the same positions, with every
     position's near-tie size (decode top-2 gap in bf16 steps). A model already in a dtype runs as is; for the
     others a copy is cast."""
@@ -102,7 +102,7 @@ def measure_parity(model, prompts: list[list[int]], dtypes=("float32", "bfloat16
         runner = Runner(m)
         rep = ParityReport(name)
         for ids in prompts:
-            dec, ver, _ = decode_vs_verify(runner, ids, new_tokens, k)
+            dec, ver, _ = decode_vs_verify(runner, ids, new_tokens, K)
             rep.positions += dec.shape[0]
             rep.max_abs_diff = max(rep.max_abs_diff, float((dec - ver).abs().max()))
             flips = (dec.argmax(-1) != ver.argmax(-1)).nonzero().flatten().tolist()
@@ -130,15 +130,15 @@ def tie_profile(rep: ParityReport, steps: tuple[float, ...] = TIE_STEPS) -> list
 
 
 def parity_study(model, tok, prompts: list, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-                 new_tokens: int = 32, k: int = 4, max_examples: int = 5) -> dict:
+                 new_tokens: int = 32, K: int = 4, max_examples: int = 5) -> dict:
     """Verify parity of `model` on `prompts` (records with a "prompt", or prompts: a str, token ids, chat
     messages), per dtype: {"rows": counts per dtype, "examples": flips, "nearest": the smallest decode top-2
     gaps (flipped or not), each with its dtype, tokens, gap and bf16 step, "ties": {dtype: tie_profile},
     "gap_steps" / "flip_steps": {dtype: gaps in bf16 steps of every / every flipped position}}."""
     check_int("new_tokens", new_tokens, 1)
-    check_int("k (draft length)", k, 1)
+    check_int("K (draft tokens per step)", K, 1)
     ids = [prompt_ids(tok, p["prompt"] if isinstance(p, dict) else p) for p in prompts]
-    reps = measure_parity(model, ids, dtypes, new_tokens, k, max_examples)
+    reps = measure_parity(model, ids, dtypes, new_tokens, K, max_examples)
     out: dict = {"rows": [], "examples": [], "nearest": [], "ties": {}, "gap_steps": {}, "flip_steps": {}}
     for name, rep in reps.items():
         d = rep.to_dict()

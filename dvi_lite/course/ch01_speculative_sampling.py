@@ -117,9 +117,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 
     return {"statistic": float(res.statistic), "pvalue": float(res.pvalue), "dof": len(o) - 1, "bins": len(o)}
 
 
-def expected_tokens(alpha: float, k: int) -> float:
+def expected_tokens(alpha: float, K: int) -> float:
     """Mean tokens per target forward with K drafts, i.i.d. acceptance alpha: 1 + alpha + ... + alpha^K."""
-    return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
 
 
 def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float]]:
@@ -128,8 +128,8 @@ def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float
     tau saturates at 1 / (1 - alpha) while the drafting cost K c grows linearly: the optimum is interior.
     """
     speed = [leviathan_speedup(alpha, k, c) for k in ks]
-    return {"k": list(ks), "tokens": [expected_tokens(alpha, k) for k in ks], "speedup": speed,
-            "alpha": alpha, "c": c, "best_k": list(ks)[speed.index(max(speed))]}
+    return {"K": list(ks), "tokens": [expected_tokens(alpha, k) for k in ks], "speedup": speed,
+            "alpha": alpha, "c": c, "best_K": list(ks)[speed.index(max(speed))]}
 
 # --------------------------------------------------------------------------- the course model
 
@@ -210,18 +210,18 @@ def measure_alpha(model, draft_model, tok, prompts: list, temperature: float = 1
             "per_domain": {d: statistics.mean(v) for d, v in by_domain.items()}, "temperature": temperature}
 
 
-def _check_k(k) -> int:
-    return check_int("k (draft length)", k, 1)
+def _check_k(K) -> int:
+    return check_int("K (draft tokens per step)", K, 1)
 
 
-def position_stats(log: list[tuple[int, int]], k: int) -> dict:
+def position_stats(log: list[tuple[int, int]], K: int) -> dict:
     """Per draft position i: survival P(accepted > i), and the engine's conditional acceptance and alpha.
 
     alpha_hat (engine.acceptance_rate) = accepted / tested tokens is the per-position acceptance the
     formula assumes; accepted / drafted is not: for K > 1 it also counts never-tested positions.
     """
     surv = []
-    for i in range(k):
+    for i in range(K):
         proposed = [a for d, a in log if d > i]
         surv.append(sum(a > i for a in proposed) / len(proposed) if proposed else None)
     return {"survival": surv, "conditional": position_acceptance(log), "alpha_hat": acceptance_rate(log)}
@@ -237,7 +237,7 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
     and acceptance per draft position.
     """
     ks = [_check_k(k) for k in ks]
-    labels = [f"sps:k={k}" for k in ks]  # bench labels: one row per K, the same draft model for all
+    labels = [f"sps:K={k}" for k in ks]  # bench labels: one row per K, the same draft model for all
     logs: dict[str, list] = {}  # label -> (depth, accepted) per step of every timed round
     res = bench(model, tok, _records(prompts), ["ar", *labels], max_new_tokens, repeats, temperature, top_p, seed,
                 {"sps": {"draft_model": resolve_draft(model, draft_model)}}, logs=logs)
@@ -246,7 +246,7 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
         r, pos = res[label], position_stats(logs[label], k)
         a = pos["alpha_hat"] if pos["alpha_hat"] is not None else 0.0
         pred = leviathan_speedup(a, k, r["c"]) if r.get("c") is not None else None
-        rows.append({"k": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
+        rows.append({"K": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
                      "expected_tokens": expected_tokens(a, k), "tokens_per_s": r["tokens_per_s"],
                      "ar_tokens_per_s": res["ar"]["tokens_per_s"], "speedup_vs_ar": r["speedup_vs_ar"],
                      "c": r.get("c"), "predicted_speedup": pred,
@@ -255,20 +255,20 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
     return rows
 
 
-def compare_with_hf_assisted(model, tok, prompts: list, draft_model=None, k: int = 4, max_new_tokens: int = 64,
+def compare_with_hf_assisted(model, tok, prompts: list, draft_model=None, K: int = 4, max_new_tokens: int = 64,
                              repeats: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> dict:
     """ar, hf, hf_assisted and sps on the same target/draft pair and K, in one interleaved bench."""
     draft = resolve_draft(model, draft_model)
-    opts = {m: {"draft_model": draft, "k": _check_k(k)} for m in ("sps", "hf_assisted")}
+    opts = {m: {"draft_model": draft, "K": _check_k(K)} for m in ("sps", "hf_assisted")}
     return bench(model, tok, _records(prompts), ["ar", "hf", "hf_assisted", "sps"], max_new_tokens, repeats,
                  temperature, top_p, seed, opts)
 
 
-def parity_table(model, tok, prompts: list, new_tokens: int = 32, k: int = 4,
+def parity_table(model, tok, prompts: list, new_tokens: int = 32, K: int = 4,
                  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> dict:
     """Argmax mismatches of batched verify vs one-by-one decode logits per dtype, plus near-tie examples
     (course/ch01_parity.parity_study, the same lesson on any model)."""
-    return parity_study(model, tok, prompts, dtypes, new_tokens, _check_k(k))
+    return parity_study(model, tok, prompts, dtypes, new_tokens, _check_k(K))
 
 
 def check_invariants(exact_err: float, toy_chi: dict, control_chi: dict, hists: dict, alphas: list[dict],
@@ -285,9 +285,9 @@ def check_invariants(exact_err: float, toy_chi: dict, control_chi: dict, hists: 
     for a in [h["alpha"] for h in hists.values()] + [a["alpha"] for a in alphas]:
         finite(a, "alpha", 0)
         require(a <= 1, f"alpha {a} > 1")
-    require([r["k"] for r in rows] == list(ks), f"K sweep rows {[r['k'] for r in rows]} != {ks}")
+    require([r["K"] for r in rows] == list(ks), f"K sweep rows {[r['K'] for r in rows]} != {ks}")
     out = [f"exact law = p (max err {exact_err:.1e}); chi-square p-values > {P_MIN} for sps, < {P_MIN} for the "
-           f"control", check_bench({f"sps:k={r['k']}": r for r in rows}, [f"sps:k={k}" for k in ks], "K sweep"),
+           f"control", check_bench({f"sps:K={r['K']}": r for r in rows}, [f"sps:K={k}" for k in ks], "K sweep"),
            check_bench(cmp, ["ar", "hf", "hf_assisted", "sps"], "vs HF assisted")]
     for r in parity["rows"]:
         require(0 <= r["mismatches"] <= r["positions"] and r["positions"] > 0, f"parity counts inconsistent: {r}")

@@ -80,7 +80,7 @@ def kangaroo_variants(splits: list[int], thresholds: list[float], fixed_lengths:
     for eta in thresholds:
         v[f"kangaroo:threshold={eta}"] = {"threshold": eta}
     for n in fixed_lengths:
-        v[fixed_label(n)] = {"threshold": None, "k": n}
+        v[fixed_label(n)] = {"threshold": None, "K": n}
     for b in branches:
         v[f"kangaroo:branch={b}"] = {"branch": b}
     return v
@@ -103,7 +103,7 @@ def check_lossless(model, tok, prompts: list[dict], max_new_tokens: int, variant
 
 def fixed_label(n: int) -> str:
     """Bench label of a fixed-length draft (no threshold exit)."""
-    return f"kangaroo:threshold=none:k={n}"
+    return f"kangaroo:threshold=none:K={n}"
 
 
 def check_invariants(lossless: dict, agreement: list[dict], sweep: dict, sweep_methods: list[str], main: dict,

@@ -64,11 +64,11 @@ def uniform_baseline(model, tok, ratio: float, prompts: list[dict], max_new_toke
 
 @torch.no_grad()
 def gamma_trace(model, tok, prompt: str, skip: Skip, target_alpha: float, max_new_tokens: int = 256,
-                gamma0: float = 0.8, k: int = 8, seed: int = 0) -> dict:
+                gamma0: float = 0.8, K: int = 8, seed: int = 0) -> dict:
     """One long greedy generation with adaptive draft-exiting: the AR and gamma traces per step."""
     ctl = AdaptiveThreshold(target_alpha=target_alpha, gamma0=gamma0)
     runner = Runner.for_model(model)
-    drafter = DraftVerifyDrafter(runner, skip, k, gamma0, ctl)
+    drafter = DraftVerifyDrafter(runner, skip, K, gamma0, ctl)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     _, stats = decode(runner, drafter, ids, max_new_tokens, Sampler(), make_generator(seed))
     return {"target_alpha": target_alpha, "ar": ctl.trace_ar, "gamma": ctl.trace_gamma,

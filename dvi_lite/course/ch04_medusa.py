@@ -53,11 +53,11 @@ def per_head(model, tok, prompts: list[str], max_new_tokens: int, temperature: f
     for i, p in enumerate(prompts):
         ids = tok(p, add_special_tokens=False)["input_ids"]
         decode(r, drafter, ids, max_new_tokens, Sampler(temperature), make_generator(seed + i), tok.eos_token_id)
-    return medusa_summary(drafter.log, drafter.k, drafter.branch)
+    return medusa_summary(drafter.log, drafter.K, drafter.branch)
 
 
 def ablation_labels(grid: list[dict]) -> dict[str, dict]:
-    """Bench labels for a grid of medusa options ({"k", "branch", "tree", "max_nodes", ...})."""
+    """Bench labels for a grid of medusa options ({"K", "branch", "tree", "max_nodes", ...})."""
     return {"medusa:" + ":".join(f"{k}={v}" for k, v in g.items()): {} for g in grid}
 
 

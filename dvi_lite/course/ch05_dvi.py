@@ -12,7 +12,7 @@ from dvi_lite.study.table import check_bench, finite, require
 # the notebook's baseline recipe: the paper's objective (forward-KL warm-up decaying to the reward-driven
 # policy-gradient term with an EMA baseline, CE anchor, KL floor), 3e-3 (the learning rate that trained the
 # exit head fastest in an offline check on course-model experiences)
-BASE = DVIConfig(split=2, tau=40.0, kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=3e-3,
+BASE = DVIConfig(split=2, t_lambda=40.0, kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=3e-3,
                  fast_every=32, batch_size=32, buffer_size=2048)
 ABLATION = "15_dvi_smollm2.json"  # results/: DVI vs KL-only vs pure RL on SmolLM2 (methods/dvi/ablation.py)
 ARM_NAMES = {"dvi": "DVI (KL warm-up -> reward PG, CE anchor, KL floor)", "kl": "KL-only online distillation",
@@ -60,7 +60,7 @@ def summary(records: list[dict], last: int = 10) -> dict:
 
 def before_after(model, tok, prompts: list[str], policy_before, policy_after, max_new_tokens: int = 48) -> dict:
     """tau and alpha of method='dvi' on held-out prompts with the untrained and the trained head."""
-    kw = dict(max_new_tokens=max_new_tokens, k=6, threshold=None)
+    kw = dict(max_new_tokens=max_new_tokens, K=6, threshold=None)
     return {"before": evaluate(model, tok, prompts, policy_before, **kw),
             "after": evaluate(model, tok, prompts, policy_after, **kw)}
 

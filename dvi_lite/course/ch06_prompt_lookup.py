@@ -10,9 +10,9 @@ package's own proposer over a finished (prompt, answer) pair and returns every s
 model, the τ that pld will measure. That makes prompt lookup's speedup a property of the text: high where answers
 copy the prompt (summaries, retrieval answers, translations that keep names and numbers), near 1 on open chat.
 
-    replay(prompt_ids, answer_ids, k=6)       -> [(depth, accepted), ...] per step (engine order)
+    replay(prompt_ids, answer_ids, K=6)       -> [(depth, accepted), ...] per step (engine order)
     tau_by_group(rows)                        -> {group: {"tau", "alpha", "copied", "steps", "n"}}
-    match_html(tok, tokens, k)                -> the last n-gram, its earlier occurrence and the proposed copy
+    match_html(tok, tokens, K)                -> the last n-gram, its earlier occurrence and the proposed copy
     best_copy_point(prompt_ids, answer_ids)   -> where in an answer the longest copy was accepted (for match_html)
     contrast_pair(rows)                       -> a copy-heavy row and a chat row (the notebook's experiment)
     check_invariants(...)                     -> notebook 06's claims (correctness only), one line each
@@ -28,19 +28,19 @@ from dvi_lite.core.engine import acceptance_rate
 from dvi_lite.methods.pld import PromptLookupDrafter
 
 
-def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max_ngram: int = 3,
+def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], K: int = 6, max_ngram: int = 3,
            max_new_tokens: int | None = None) -> list[tuple[int, int]]:
     """The (draft depth, accepted) of every step greedy pld takes to write `answer_ids` after `prompt_ids`.
 
-    The first answer token comes from the prefill; each step then proposes up to min(k, remaining - 1) tokens from
+    The first answer token comes from the prefill; each step then proposes up to min(K, remaining - 1) tokens from
     prompt + answer so far and keeps the longest prefix that matches the answer, plus one token of the target's.
     max_new_tokens: the budget the answer was generated with (default: its length), which caps the last drafts.
     """
-    drafter = PromptLookupDrafter(k, max_ngram)
+    drafter = PromptLookupDrafter(K, max_ngram)
     budget = len(answer_ids) if max_new_tokens is None else max_new_tokens
     tokens, i, log = list(prompt_ids) + list(answer_ids[:1]), 1, []
     while i < len(answer_ids):
-        room = min(k, budget - i - 1)
+        room = min(K, budget - i - 1)
         draft = drafter.lookup(tokens, room) if room > 0 else []
         acc = 0
         while acc < len(draft) and i + acc < len(answer_ids) and draft[acc] == answer_ids[i + acc]:
@@ -51,7 +51,7 @@ def replay(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max
     return log
 
 
-def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3,
+def tau_by_group(rows: Iterable[dict], K: int = 6, max_ngram: int = 3,
                  max_new_tokens: int | None = None) -> dict[str, dict]:
     """Per task group, from rows {"group", "prompt_ids", "answer_ids"}: pld's τ (tokens per target forward), α, the
     share of answer tokens that came from a copy ("copied"), the number of steps and of rows; "all" pools them.
@@ -59,7 +59,7 @@ def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3,
     logs: dict[str, list] = {}
     sizes: dict[str, list[int]] = {}
     for r in rows:
-        log = replay(r["prompt_ids"], r["answer_ids"], k, max_ngram, max_new_tokens)
+        log = replay(r["prompt_ids"], r["answer_ids"], K, max_ngram, max_new_tokens)
         for g in (r["group"], "all"):
             logs.setdefault(g, []).extend(log)
             sizes.setdefault(g, []).append(len(r["answer_ids"]))
@@ -71,11 +71,11 @@ def tau_by_group(rows: Iterable[dict], k: int = 6, max_ngram: int = 3,
     return out
 
 
-def match_html(tok, tokens: Sequence[int], k: int = 6, max_ngram: int = 3, context: int = 12) -> str:
+def match_html(tok, tokens: Sequence[int], K: int = 6, max_ngram: int = 3, context: int = 12) -> str:
     """The lookup at the end of `tokens`, as HTML: the matched n-gram where it occurred before (blue), the tokens
     that followed it there and that pld proposes (green), and the same n-gram at the end (blue)."""
-    drafter = PromptLookupDrafter(k, max_ngram)
-    draft = drafter.lookup(list(tokens), k)
+    drafter = PromptLookupDrafter(K, max_ngram)
+    draft = drafter.lookup(list(tokens), K)
     if not draft:
         return "<div style='font-family:monospace'>no earlier occurrence of the last token: nothing to propose</div>"
     n = next(n for n in range(min(max_ngram, len(tokens) - 1), 0, -1)
@@ -97,11 +97,11 @@ def match_html(tok, tokens: Sequence[int], k: int = 6, max_ngram: int = 3, conte
             f"{n}-gram match)</div>")
 
 
-def best_copy_point(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int = 6, max_ngram: int = 3) -> int:
+def best_copy_point(prompt_ids: Sequence[int], answer_ids: Sequence[int], K: int = 6, max_ngram: int = 3) -> int:
     """How many answer tokens were written when the step that accepted the most draft tokens began (the first such
     step; 1 if nothing was ever accepted): `match_html(tok, prompt_ids + answer_ids[:i])` then shows that lookup."""
     i, best, at = 1, 0, 1
-    for _, acc in replay(prompt_ids, answer_ids, k, max_ngram):
+    for _, acc in replay(prompt_ids, answer_ids, K, max_ngram):
         if acc > best:
             best, at = acc, i
         i += acc + 1

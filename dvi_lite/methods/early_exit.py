@@ -7,7 +7,7 @@ shallow layers' KV cache and hidden states computed while drafting are *reused* 
 (Proposal.hidden), so verification only runs layers [s, L) on those positions.
 
 Drafting stops when the draft's top-1 probability falls below `threshold` (Kangaroo's second "early
-exit"), or after `k` tokens. The token drafted from that low-confidence distribution is still proposed:
+exit"), or after `K` tokens. The token drafted from that low-confidence distribution is still proposed:
 drafting stops *after* it, as Kangaroo's inference code, the Draft & Verify authors' decoding and DVI's
 `spec_decode` all do (its logits are computed anyway; dropping it would bias tau down for nothing).
 The default exit layer is `models.artifacts.default_split_for(model)`, the same for every self-speculative method.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.core.checks import check_int, check_prob, check_split
+from dvi_lite.core.checks import check_int, check_prob, check_split, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Proposal
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import default_split_for
@@ -36,14 +36,14 @@ from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 class EarlyExitDrafter(Drafter):
     name = "early_exit"
 
-    def __init__(self, runner: Runner, split: int, k: int = 6, threshold: float | None = None, branch: int = 1,
+    def __init__(self, runner: Runner, split: int, K: int = 6, threshold: float | None = None, branch: int = 1,
                  vocab: TrimmedHead | None = None):
         self.runner = runner
         self.vocab = vocab  # None: the model's full LM head drafts
         self.split = check_split(split, runner.n_layers)
-        self.k = check_int("k (draft length)", k, 1)
+        self.K = check_int("K (draft tokens per step)", K, 1)
         self.branch = check_int("branch (candidates per draft step; 1 = a chain)", branch, 1)
-        self.max_draft = self.k * self.branch  # cache room the engine reserves for one proposal
+        self.max_draft = self.K * self.branch  # cache room the engine reserves for one proposal
         self.threshold = None if threshold is None else check_prob("threshold (eta)", threshold)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +64,7 @@ class EarlyExitDrafter(Drafter):
         r, cache = self.runner, state.cache
         past = state.committed
         cache.crop(past, range(0, self.split))
-        steps = max(1, min(self.k, state.remaining - 1))
+        steps = max(1, min(self.K, state.remaining - 1))
         tree = self.branch > 1
         tok, hs, tokens, qs, leaves = state.pending, [], [], [], []
         for i in range(steps):
@@ -96,10 +96,11 @@ class EarlyExitDrafter(Drafter):
                         torch.tensor(parents, device=dev), hidden=hidden, split=self.split)
 
 
-def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = None,
-                 branch: int = 1, vocab=None) -> EarlyExitDrafter:
+def make_drafter(model, tokenizer, split: int | None = None, K: int = 6, threshold: float | None = None,
+                 branch: int = 1, vocab=None, **old) -> EarlyExitDrafter:
     """Self-speculation with the target's own first `split` layers (None: default_split) and its own head
     (vocab: a trimmed head, models.vocab.resolve_vocab)."""
+    reject_renamed(old, "early_exit.make_drafter")
     r = Runner.for_model(model)
-    return EarlyExitDrafter(r, default_split_for(model) if split is None else split, k, threshold, branch,
+    return EarlyExitDrafter(r, default_split_for(model) if split is None else split, K, threshold, branch,
                             resolve_vocab(model, tokenizer, vocab))

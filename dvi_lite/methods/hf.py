@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dvi_lite.core.checks import reject_renamed
+
 
 @dataclass
 class HFBaseline:
@@ -20,15 +22,17 @@ def hf_generate(model, tokenizer) -> HFBaseline:
     return HFBaseline()
 
 
-def hf_assisted(model, tokenizer, draft_model=None, k: int = 4) -> HFBaseline:
+def hf_assisted(model, tokenizer, draft_model=None, K: int = 4, **old) -> HFBaseline:
     """transformers' assisted generation with the same draft model as `sps` (this model's committed draft by
     default: `sps.draft.resolve_draft`), at a constant K."""
     from dvi_lite.methods.sps.draft import resolve_draft
 
-    return HFBaseline({"assistant_model": resolve_draft(model, draft_model), "num_assistant_tokens": k,
+    reject_renamed(old, "hf_assisted")
+    return HFBaseline({"assistant_model": resolve_draft(model, draft_model), "num_assistant_tokens": K,
                        "num_assistant_tokens_schedule": "constant"})
 
 
-def hf_prompt_lookup(model, tokenizer, k: int = 6) -> HFBaseline:
+def hf_prompt_lookup(model, tokenizer, K: int = 6, **old) -> HFBaseline:
     """transformers' prompt lookup decoding: drafts K tokens by n-gram match on the prompt."""
-    return HFBaseline({"prompt_lookup_num_tokens": k})
+    reject_renamed(old, "hf_prompt_lookup")
+    return HFBaseline({"prompt_lookup_num_tokens": K})

@@ -6,7 +6,7 @@ prompt, and a memory-bound model verifies a handful of extra tokens almost for f
 On open-ended chat there is little to copy, and it costs almost nothing either: no match, no draft.
 
 The rule: for n = max_ngram down to 1, find the most recent earlier position where the last n tokens
-(of prompt + generated, the pending token included) occurred, and propose up to k tokens that followed it.
+(of prompt + generated, the pending token included) occurred, and propose up to K tokens that followed it.
 The most recent match is the one whose continuation best reflects the text just written (in a list or
 a repeated template, the next item rather than the first one).
 
@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.core.checks import check_int
+from dvi_lite.core.checks import check_int, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Proposal
 
 
 class PromptLookupDrafter(Drafter):
     name = "pld"
 
-    def __init__(self, k: int = 6, max_ngram: int = 3, vocab: int | None = None):
-        self.k = check_int("k (draft length)", k, 1)
+    def __init__(self, K: int = 6, max_ngram: int = 3, vocab: int | None = None):
+        self.K = check_int("K (draft tokens per step)", K, 1)
         self.max_ngram = check_int("max_ngram (longest n-gram matched)", max_ngram, 1)
-        self.max_draft = self.k
+        self.max_draft = self.K
         self.vocab = vocab  # for the one-hot q under sampling (None: taken from the target at prefill)
         self._reset()
 
@@ -51,17 +51,17 @@ class PromptLookupDrafter(Drafter):
                 self.index[n - 1][tuple(tokens[end - n:end])] = end
         self.indexed = max(self.indexed, len(tokens))
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
+    def lookup(self, tokens: list[int], K: int) -> list[int]:
+        """Up to K tokens that followed the most recent earlier occurrence of the longest matching suffix."""
         self._update(tokens)
         for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
             start = self.index[n - 1].get(tuple(tokens[-n:]))
             if start is not None:
-                return tokens[start:start + k]
+                return tokens[start:start + K]
         return []
 
     def propose(self, state: DecodeState) -> Proposal:
-        k = min(self.k, state.remaining - 1)  # the bonus token comes anyway: drafting past the end is waste
+        k = min(self.K, state.remaining - 1)  # the bonus token comes anyway: drafting past the end is waste
         draft = self.lookup(state.tokens, k) if k > 0 else []
         tokens = torch.tensor(draft, dtype=torch.long, device=state.device)  # (N,)
         q = None  # greedy: verify reads only the tokens
@@ -70,6 +70,7 @@ class PromptLookupDrafter(Drafter):
         return Proposal(tokens, q)
 
 
-def make_drafter(model, tokenizer, k: int = 6, max_ngram: int = 3) -> Drafter:
-    """Prompt lookup: up to k draft tokens copied after the last matching n-gram (n <= max_ngram)."""
-    return PromptLookupDrafter(k, max_ngram, model.get_output_embeddings().weight.shape[0])
+def make_drafter(model, tokenizer, K: int = 6, max_ngram: int = 3, **old) -> Drafter:
+    """Prompt lookup: up to K draft tokens copied after the last matching n-gram (n <= max_ngram)."""
+    reject_renamed(old, "pld.make_drafter")
+    return PromptLookupDrafter(K, max_ngram, model.get_output_embeddings().weight.shape[0])

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dvi_lite.cli import command_line, prog
+from dvi_lite.core.checks import RENAMED, add_renamed_flags, reject_renamed
 from dvi_lite.core.generate import generate
 from dvi_lite.core.registry import METHODS
 from dvi_lite.course_model.corpus import PROMPTS_DIR
@@ -45,7 +46,8 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
     A method label may carry options after colons, so one run can compare variants of a method
     (the label is the row name). Values are read as int, float, none/true/false, else string.
-    `label=...` only names a row ('draft_verify:label=uniform') and is not passed to the method.
+    `label=...` only names a row ('draft_verify:label=uniform') and is not passed to the method. An old option name
+    ('sps:k=4': K now, k is the exit layer) fails naming the new one (core.checks.RENAMED).
     """
     name, *parts = spec.split(":")
     opts = {}
@@ -55,6 +57,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             raise ValueError(f"--methods: option {part!r} in {spec!r} must look like key=value")
         opts[key] = _value(val)
     opts.pop("label", None)
+    reject_renamed({n: v for n, v in opts.items() if n in RENAMED}, f"--methods {spec!r}")
     return name, opts
 
 
@@ -77,11 +80,11 @@ def check_method(name: str) -> None:
         raise ValueError(f"--methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
 
 
-def leviathan_speedup(alpha: float, k: float, c: float) -> float:
+def leviathan_speedup(alpha: float, K: float, c: float) -> float:
     """(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)): Leviathan et al.'s expected speedup, which prices verifying
     K + 1 tokens like one AR step (v = 1). The bench predicts with the measured v(n) instead (study.cost)."""
-    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens / (k * c + 1)
+    tokens = K + 1 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
+    return tokens / (K * c + 1)
 
 
 TIMING = ("paired per prompt and interleaved, rounds in one process; speedup = the median over prompts of "
@@ -271,7 +274,7 @@ def parser() -> argparse.ArgumentParser:
                     "untimed); a prompt with one turn is timed on it")
     ap.add_argument("--draft-model", default=None,
                     help="draft model folder for sps/hf_assisted (default: the model's committed draft)")
-    ap.add_argument("--k", type=int, default=4, help="draft length for sps / hf_assisted")
+    ap.add_argument("--K", type=int, default=4, help="draft tokens per step for sps / hf_assisted")
     ap.add_argument("--max-new-tokens", type=int, default=128,
                     help="new tokens per prompt (>= 128 keeps the prefill a small share of a long prompt's time)")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
@@ -283,6 +286,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--machine", action=argparse.BooleanOptionalAction, default=None,
                     help="measure the memory bandwidth (a copy and a sum of 512 MiB; default: on with --json)")
     ap.add_argument("--json", default=None, help="write results JSON here")
+    add_renamed_flags(ap, "k")  # --k: an error naming --K
     return ap
 
 
@@ -295,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--methods: give at least one method")
         for m in methods:
             check_method(parse_spec(m)[0])
-        for name in ("repeats", "max_new_tokens", "n_prompts", "k"):
+        for name in ("repeats", "max_new_tokens", "n_prompts", "K"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         records = specbench.read_prompts(args.prompts) if args.prompts else None  # a bad file fails before loading
@@ -309,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), args.turns, args.max_new_tokens)
         measure = args.machine if args.machine is not None else args.json is not None
         machine = cost.memory_bandwidth(device=next(model.parameters()).device) if measure else {}
-        opts = {m: {"k": args.k, "draft_model": args.draft_model} for m in ("sps", "hf_assisted")}
+        opts = {m: {"K": args.K, "draft_model": args.draft_model} for m in ("sps", "hf_assisted")}
         calib: dict = {}
         results = bench(model, tok, prompts, methods, args.max_new_tokens, args.repeats, args.temperature,
                         args.top_p, args.seed, opts, calibration=calib)

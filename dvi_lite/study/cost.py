@@ -135,21 +135,21 @@ def v_of(table: Mapping, n: float) -> float:
     return v1 + (v1 - v0) * (n - n1) / (n1 - n0)
 
 
-def predicted_speedup(tau: float, k: float, c: float, v: Mapping | Callable[[float], float],
+def predicted_speedup(tau: float, K: float, c: float, v: Mapping | Callable[[float], float],
                       nodes: float | None = None) -> float:
     """tau / (v(K + 1) + K * c): tokens per step over the step's cost in AR forwards.
 
-    tau: mean tokens per target forward (accepted + the bonus/correction token); k: draft depth per step
+    tau: mean tokens per target forward (accepted + the bonus/correction token); K: draft depth per step
     (draft forwards); c: one draft forward's cost relative to a 1-token target forward; v: the measured
-    table {n: v(n)} or a function of n; nodes: draft tokens verified per step when that differs from k
-    (a tree verifies all its nodes in one forward, v(nodes + 1), but drafts them in k forwards).
+    table {n: v(n)} or a function of n; nodes: draft tokens verified per step when that differs from K
+    (a tree verifies all its nodes in one forward, v(nodes + 1), but drafts them in K forwards).
     """
     check_real("tau (tokens per step)", tau, 1)
-    check_real("k (draft tokens per step)", k, 0)
+    check_real("K (draft tokens per step)", K, 0)
     check_real("c (draft cost per token)", c, 0)
-    n = k + 1 if nodes is None else check_real("nodes (draft tokens verified per step)", nodes, 0) + 1
+    n = K + 1 if nodes is None else check_real("nodes (draft tokens verified per step)", nodes, 0) + 1
     cost = v(n) if callable(v) else v_of(v, n)
-    return tau / (cost + k * c)
+    return tau / (cost + K * c)
 
 
 # --------------------------------------------------------------------------- machine facts: the roofline's two sides

@@ -4,7 +4,7 @@ came from.
 With --show the text is coloured by origin (course/token_view.py: accepted draft tokens, the target's corrections
 and bonus tokens), followed by a legend and τ. When the output is not a terminal (a pipe, a file) the text stays
 plain and only the summary line follows it. A model with a chat template gets the prompt as a user message
-(--raw: as a raw continuation). Method options go after colons, as in the bench: --method sps:k=4.
+(--raw: as a raw continuation). Method options go after colons, as in the bench: --method sps:K=4.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog("generate"), description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", required=True, help="the question (or, with --raw, the text to continue)")
     ap.add_argument("--method", default="ar", help="one of: " + ", ".join(sorted(METHODS)) +
-                    "; options after colons, e.g. sps:k=4")
+                    "; options after colons, e.g. sps:K=4")
     ap.add_argument("--model", default=None, help="course (default), smollm2, or a local checkpoint folder")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

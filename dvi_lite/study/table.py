@@ -72,7 +72,7 @@ def method_options(split: int | None = None) -> dict[str, dict]:
     layer their committed pieces and `prepare` are trained for.
     """
     exit_layer = {} if split is None else {"split": split}
-    return {"sps": {"k": 4}, "hf_assisted": {"k": 4}, "kangaroo": dict(exit_layer),
+    return {"sps": {"K": 4}, "hf_assisted": {"K": 4}, "kangaroo": dict(exit_layer),
             "draft_verify": {}, "medusa": {}, "dvi": dict(exit_layer)}
 
 

@@ -71,7 +71,7 @@ def check_break_even_alpha(fn: Callable) -> str:
     """Against a root of the package's predicted_speedup(α) − 1 (brentq), for K in 1..8 on every v table."""
     n = 0
     for (name, v), k, c in product(V_TABLES.items(), (1, 2, 4, 8), (0.0, 0.05, 0.3)):
-        label = f"break_even_alpha(k={k}, c={c}, v_table={name} {v})"
+        label = f"break_even_alpha(K={k}, c={c}, v_table={name} {v})"
         got = _call(fn, label, k, c, v)
         cost = v_of(v, k + 1) + k * c
         if cost > k + 1:
@@ -269,7 +269,7 @@ class _ScriptedDrafter(EarlyExitDrafter):
         runner = SimpleNamespace(n_layers=4, device=torch.device("cpu"),
                                  embed=lambda ids: torch.zeros(1, ids.shape[1], 1),
                                  layers_forward=lambda h, cache, pos, start, stop: h)
-        super().__init__(runner, split=1, k=k_max, threshold=eta)
+        super().__init__(runner, split=1, K=k_max, threshold=eta)
         self.script = [torch.tensor([[[c, 0.0]]]) for c in confidences]  # (1, 1, 2) each
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -36,11 +36,11 @@ def check_prompt_lookup(fn: Callable, seed: int = 0) -> str:
     for tokens in _texts(seed):
         for k in (1, 3, 6):
             for max_ngram in (1, 2, 3):
-                label = f"prompt_lookup({tokens}, k={k}, max_ngram={max_ngram})"
+                label = f"prompt_lookup({tokens}, K={k}, max_ngram={max_ngram})"
                 want = PromptLookupDrafter(k, max_ngram).lookup(list(tokens), k)
                 got = _call(fn, label, list(tokens), k, max_ngram)
                 assert list(got) == want, f"{label} = {got!r}, expected {want} (the longest n first; for that n the " \
-                                          "most recent earlier occurrence; the k tokens that followed it)"
+                                          "most recent earlier occurrence; the K tokens that followed it)"
                 cases += 1
     return f"ok: the proposals match pld's proposer on {cases} cases (ties, no match, n = 1..3)"
 
@@ -51,7 +51,7 @@ def check_lookup_tau(fn: Callable, seed: int = 1) -> str:
     cases = 0
     for prompt, answer in zip(texts[::2], texts[1::2], strict=False):
         for k in (1, 2, 5):
-            label = f"lookup_tau({prompt}, {answer}, k={k})"
+            label = f"lookup_tau({prompt}, {answer}, K={k})"
             log = replay(prompt, answer, k)
             want = (len(answer) - 1) / len(log) if log else 1.0
             got = _call(fn, label, prompt, answer, k)

@@ -17,29 +17,29 @@ from dvi_lite.study.cost import v_of
 # --------------------------------------------------------------------------- 00 foundations
 
 
-def break_even_alpha(k: int, c: float, v_table: Mapping[int, float]) -> float | None:
+def break_even_alpha(K: int, c: float, v_table: Mapping[int, float]) -> float | None:
     """τ(α) is increasing, so bisect τ(α) = v(K+1) + K·c on [0, 1]."""
-    cost = v_of(v_table, k + 1) + k * c  # one step, in AR forwards
+    cost = v_of(v_table, K + 1) + K * c  # one step, in AR forwards
     if cost <= 1:
         return 0.0
-    if cost > k + 1:  # τ <= K + 1 < cost for every α
+    if cost > K + 1:  # τ <= K + 1 < cost for every α
         return None
     lo, hi = 0.0, 1.0
     for _ in range(60):  # 2^-60: far below the 1e-6 asked for
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens(mid, k) < cost else (lo, mid)
+        lo, hi = (mid, hi) if expected_tokens(mid, K) < cost else (lo, mid)
     return hi
 
 
 # --------------------------------------------------------------------------- 01 speculative sampling
 
 
-def expected_tokens(alpha: float, k: int) -> float:
+def expected_tokens(alpha: float, K: int) -> float:
     """P(at least i drafts accepted) = α^i, and a step emits 1 + (accepted) tokens, so
     τ = Σ_{i=0..K} α^i = (1 − α^{K+1}) / (1 − α), a geometric sum (K + 1 at α = 1)."""
     if alpha == 1:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+        return K + 1.0
+    return (1 - alpha ** (K + 1)) / (1 - alpha)
 
 
 def acceptance_from_tv(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -50,15 +50,15 @@ def acceptance_from_tv(p: torch.Tensor, q: torch.Tensor) -> float:
 def verify_sampling_chain(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                           gen: torch.Generator | None = None) -> tuple[int, int]:
     """Test drafts in order; the first rejection resamples the mass p has and q lacks."""
-    k = draft.numel()
-    for i in range(k):
+    K = draft.numel()
+    for i in range(K):
         x = int(draft[i])
         u = float(torch.rand((), generator=gen, dtype=torch.float64))
         if u >= float(p[i, x] / q[i, x]):  # accept with probability min(1, p/q)
             missing = torch.clamp(p[i] - q[i], min=0)  # (V,) what p still needs
             total = missing.sum()
             return i, sample(missing / total if total > 0 else p[i], gen)
-    return k, sample(p[k], gen)  # all K accepted: the bonus token
+    return K, sample(p[K], gen)  # all K accepted: the bonus token
 
 
 def broken_threshold_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, threshold: float,
@@ -194,20 +194,20 @@ def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Te
 
 # --------------------------------------------------------------------------- 06 prompt lookup
 
-def prompt_lookup(tokens: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+def prompt_lookup(tokens: Sequence[int], K: int, max_ngram: int = 3) -> list[int]:
     tokens = list(tokens)
     for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
         tail = tokens[-n:]
         for end in range(len(tokens) - 1, n - 1, -1):  # an occurrence tokens[end - n:end] ending before the last
             if tokens[end - n:end] == tail:
-                return tokens[end:end + k]
+                return tokens[end:end + K]
     return []
 
 
-def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int) -> float:
+def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], K: int) -> float:
     i, steps = 1, 0
     while i < len(answer_ids):
-        room = min(k, len(answer_ids) - i - 1)
+        room = min(K, len(answer_ids) - i - 1)
         draft = prompt_lookup(list(prompt_ids) + list(answer_ids[:i]), room) if room > 0 else []
         acc = 0
         while acc < len(draft) and draft[acc] == answer_ids[i + acc]:

@@ -3,7 +3,7 @@
 Copy a stub into your notebook, write its body, and run its check on it:
 
     from dvi_lite.course.exercises import checks, stubs
-    def expected_tokens(alpha, k): ...          # your version of stubs.expected_tokens
+    def expected_tokens(alpha, K): ...          # your version of stubs.expected_tokens
     checks.check_expected_tokens(expected_tokens)
 
 Each check compares your function with the package's own code (the verify functions, the cost model, the
@@ -26,7 +26,7 @@ def _todo(name: str) -> NotImplementedError:
 
 # --------------------------------------------------------------------------- 00 foundations
 
-def break_even_alpha(k: int, c: float, v_table: Mapping[int, float]) -> float | None:
+def break_even_alpha(K: int, c: float, v_table: Mapping[int, float]) -> float | None:
     """The acceptance rate α at which drafting K tokens per step breaks even: predicted speedup = 1.
 
     predicted speedup = τ / (v(K+1) + K·c) with τ = (1 − α^{K+1}) / (1 − α), which rises from 1 (α = 0)
@@ -40,7 +40,7 @@ def break_even_alpha(k: int, c: float, v_table: Mapping[int, float]) -> float | 
 
 # --------------------------------------------------------------------------- 01 speculative sampling
 
-def expected_tokens(alpha: float, k: int) -> float:
+def expected_tokens(alpha: float, K: int) -> float:
     """τ(K): the mean tokens one target forward emits when each of the K drafts is accepted with
     probability α, independently, and the step stops at the first rejection.
 
@@ -241,23 +241,23 @@ def reinforce_loss(logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Te
 
 # --------------------------------------------------------------------------- 06 prompt lookup
 
-def prompt_lookup(tokens: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
-    """The prompt-lookup proposer: up to k draft tokens copied from earlier in `tokens`.
+def prompt_lookup(tokens: Sequence[int], K: int, max_ngram: int = 3) -> list[int]:
+    """The prompt-lookup proposer: up to K draft tokens copied from earlier in `tokens`.
 
     For n = max_ngram down to 1 (and n < len(tokens)): look for an earlier occurrence of the last n tokens, one
-    that ends before the last token; take the MOST RECENT such occurrence and return the (up to) k tokens that
+    that ends before the last token; take the MOST RECENT such occurrence and return the (up to) K tokens that
     followed it. The first n that matches wins; with no match at any n, return [].
     Why the most recent: in a list or a repeated template the latest match continues with the next item.
     """
     raise _todo("prompt_lookup")
 
 
-def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], k: int) -> float:
+def lookup_tau(prompt_ids: Sequence[int], answer_ids: Sequence[int], K: int) -> float:
     """τ of greedy prompt lookup on a known answer, without running any model.
 
     Greedy pld writes AR's answer, so a draft token is accepted exactly when it equals the answer's next token.
     The first answer token comes from the prefill. Then, with i answer tokens written, one step proposes
-    prompt_lookup(prompt + answer[:i], min(k, len(answer) - i - 1)) (nothing if that is <= 0), accepts the longest
+    prompt_lookup(prompt + answer[:i], min(K, len(answer) - i - 1)) (nothing if that is <= 0), accepts the longest
     prefix equal to answer[i:], and adds those tokens plus one of the target's. Return the answer's tokens after
     the first, divided by the number of steps (1.0 for a one-token answer).
     """

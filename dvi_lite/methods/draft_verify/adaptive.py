@@ -28,7 +28,7 @@ class AdaptiveThreshold:
         AR      <- beta1 * AR + (1 - beta1) * AR_e
         gamma~  =  gamma + eps  if AR < target_alpha  else  gamma - eps
         gamma   <- beta2 * gamma + (1 - beta2) * gamma~          (then clamped to [0, 1]; theirs is not)
-    and gamma~ = gamma (held) when AR >= target_alpha but the draft ran to its maximum length k: the
+    and gamma~ = gamma (held) when AR >= target_alpha but the draft ran to its maximum length K: the
     threshold did not end that draft, so lowering it would not lengthen drafts (`reached_max=True`).
     A higher gamma exits earlier, so drafts are shorter and a larger share of them is accepted: AR rises
     with gamma, which makes this negative feedback settle. The rule reads only the sign of AR - alpha,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dvi_lite.core.checks import check_int, check_prob
+from dvi_lite.core.checks import check_int, check_prob, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner, Skip
 from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
@@ -41,12 +41,12 @@ from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 class DraftVerifyDrafter(Drafter):
     name = "draft_verify"
 
-    def __init__(self, runner: Runner, skip: Skip, k: int = 8, threshold: float | None = 0.8,
+    def __init__(self, runner: Runner, skip: Skip, K: int = 8, threshold: float | None = 0.8,
                  adaptive: AdaptiveThreshold | None = None, vocab: TrimmedHead | None = None):
         self.runner = runner
         self.vocab = vocab  # None: the model's full LM head drafts
         self.skip = check_skip(skip, runner.n_layers)
-        self.k = self.max_draft = check_int("k (draft length)", k, 1)
+        self.K = self.max_draft = check_int("K (draft tokens per step)", K, 1)
         self.threshold = None if threshold is None else check_prob("threshold (gamma)", threshold)
         self.adaptive = adaptive
 
@@ -80,7 +80,7 @@ class DraftVerifyDrafter(Drafter):
         r, cache = self.runner, state.cache
         past = state.committed
         cache.crop(past)  # drop draft KV of the last round from the layers drafting ran
-        steps = max(1, min(self.k, state.remaining - 1))
+        steps = max(1, min(self.K, state.remaining - 1))
         tok, tokens, qs = state.pending, [], []
         for i in range(steps):
             ids = torch.tensor([[tok]], device=state.device)
@@ -102,7 +102,7 @@ class DraftVerifyDrafter(Drafter):
     def feedback(self, state: DecodeState, outcome: Outcome) -> None:
         if self.adaptive is not None:  # the authors' matchness: (max_matched - 1) / drafted_n_tokens
             n, a = len(outcome.proposal), outcome.n_accepted
-            self.adaptive.update(a, n, reached_max=n >= self.k)
+            self.adaptive.update(a, n, reached_max=n >= self.K)
 
 
 # model -> {drafter settings: its carried AdaptiveThreshold}. Weak keys: a dropped model frees its entries (a
@@ -120,7 +120,7 @@ def carried_threshold(model, settings: Hashable, target_alpha: float = 0.9, gamm
 
     Why a store: `generate` (and so the bench) builds a new drafter for every prompt; the authors' harness
     carries gamma from prompt to prompt, so the state must outlive the drafter. Keyed by the settings that
-    make a different drafter (skip set, k, target alpha, gamma0, draft head), so two arms never share gamma.
+    make a different drafter (skip set, K, target alpha, gamma0, draft head), so two arms never share gamma.
     """
     per = _CARRIED.setdefault(model, {})
     key = (settings, float(target_alpha), float(gamma0))
@@ -145,26 +145,27 @@ def reset_gamma(model=None) -> int:
     return len(ctls)
 
 
-def make_drafter(model, tokenizer, skip=None, k: int = 8, threshold: float | None = 0.8, adaptive: bool = True,
-                 target_alpha: float = 0.9, vocab=None, carry: bool = True) -> DraftVerifyDrafter:
+def make_drafter(model, tokenizer, skip=None, K: int = 8, threshold: float | None = 0.8, adaptive: bool = True,
+                 target_alpha: float = 0.9, vocab=None, carry: bool = True, **old) -> DraftVerifyDrafter:
     """Layer-skipping self-speculation; gamma starts at `threshold` (the authors' 0.8) and adapts towards
-    target_alpha unless adaptive=False (then `threshold` is fixed; None = always draft k). vocab: a trimmed
+    target_alpha unless adaptive=False (then `threshold` is fixed; None = always draft K). vocab: a trimmed
     draft head (models.vocab.resolve_vocab).
 
     carry (adaptive only): gamma continues from the previous drafter of this model with the same settings
     (`carried_threshold`, the authors' harness); False = a fresh threshold, gamma0 at every prompt.
     """
+    reject_renamed(old, "draft_verify.make_drafter")
     if threshold is not None:
         threshold = check_prob("threshold (gamma, or its start value when adaptive)", threshold)
     if not isinstance(carry, bool):
         raise ValueError(f"carry (keep gamma across prompts) must be True or False, got {carry!r}")
     skip = resolve_skip(model, skip)  # checked
-    k = check_int("k (draft length)", k, 1)
+    K = check_int("K (draft tokens per step)", K, 1)
     gamma0 = threshold if threshold is not None else 0.8
     ctl = None
     if adaptive and carry:
-        settings = ("draft_verify", tuple(sorted(skip.attn)), tuple(sorted(skip.mlp)), k, _vocab_key(vocab))
+        settings = ("draft_verify", tuple(sorted(skip.attn)), tuple(sorted(skip.mlp)), K, _vocab_key(vocab))
         ctl = carried_threshold(model, settings, target_alpha, gamma0)
     elif adaptive:
         ctl = AdaptiveThreshold(target_alpha=target_alpha, gamma0=gamma0, carry=False)
-    return DraftVerifyDrafter(Runner.for_model(model), skip, k, threshold, ctl, resolve_vocab(model, tokenizer, vocab))
+    return DraftVerifyDrafter(Runner.for_model(model), skip, K, threshold, ctl, resolve_vocab(model, tokenizer, vocab))

@@ -213,12 +213,12 @@ class Calibration:
 
 # ----------------------------------------------------------------------------- the value
 
-def expected_tau(alpha: float, k: int) -> float:
+def expected_tau(alpha: float, K: int) -> float:
     """Tokens per step of a K-token draft whose tokens are each accepted with probability alpha, in order:
     1 + alpha + ... + alpha^K (the verifier's own token included)."""
     check_real("alpha", alpha, 0.0, 1.0)
-    check_int("k (draft length)", k, 0)
-    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    check_int("K (draft tokens per step)", K, 0)
+    return float(K + 1) if alpha >= 1.0 else (1.0 - alpha ** (K + 1)) / (1.0 - alpha)
 
 
 def best_speedup(alpha: float, c: float, v, k_max: int = 8) -> tuple[float, int]:
@@ -240,7 +240,7 @@ class SkipObjective:
             alpha = self.calib.agreement(skip, self.vocab)
             c = self.costs.c(skip, trimmed=self.vocab is not None)
             s, k = best_speedup(alpha, c, self.v, self.k_max)
-            self.log[key] = {"alpha_hat": alpha, "c": c, "k": k, "tau": expected_tau(alpha, k), "speedup": s}
+            self.log[key] = {"alpha_hat": alpha, "c": c, "K": k, "tau": expected_tau(alpha, k), "speedup": s}
         return self.log[key]
 
     def __call__(self, skip: Skip) -> float:

@@ -243,7 +243,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             "calibration": ch["calibration"], "heldout": ch["heldout"], "vocab": cfg.vocab}
     body = {"fingerprint": fingerprint(model), "best_skip": skip_to_dict(ch["skip"]),
             "n_skipped": n_skipped(ch["skip"]),
-            "n_sublayers": 2 * summary["n_layers"], "ratio": ch["ratio"], "k": ch["calibration"]["k"],
+            "n_sublayers": 2 * summary["n_layers"], "ratio": ch["ratio"], "K": ch["calibration"]["K"],
             "card": card, "provenance": provenance(command), "search": ch["search"]}
     path = out_dir / "skip.json"
     path.write_text(json.dumps(_jsonable(body), indent=1) + "\n")
@@ -268,7 +268,8 @@ def _arm_row(arm: dict, target: float, v) -> dict:
 
     c = arm["calibration"]["c"]
     row = {f"{part}_{key}": arm[part][key] for part in ("calibration", "heldout") for key in ("speedup", "alpha_hat")}
-    row |= {"c": c, "k": arm["calibration"]["k"], "alpha_needed_for_1x_at_c": alpha_needed(1.0, c, v),
+    row |= {"c": c, "K": arm["calibration"].get("K", arm["calibration"].get("k")),  # k: a summary before the rename
+            "alpha_needed_for_1x_at_c": alpha_needed(1.0, c, v),
             "alpha_needed_for_target_at_c": alpha_needed(target, c, v)}
     row["pays_heldout"] = arm["heldout"]["speedup"] > 1.0
     return row

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dvi_lite.cli import run_or_usage_error
+from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.serve import ARMS, RECIPE, arm_config, frozen_model, heldout_before, online_run, save_head
@@ -44,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sequences", type=int, default=RECIPE["sequences"], help="stream questions per arm")
     ap.add_argument("--max-new-tokens", type=int, default=RECIPE["max_new_tokens"])
     ap.add_argument("--vocab", default=str(RECIPE["vocab"]), help="trimmed head size N, or 'full'")
-    ap.add_argument("--tau", type=float, default=None, help="lambda time constant (default: the base config's)")
+    ap.add_argument("--t-lambda", type=float, default=None,
+                    help="T_λ, lambda's time constant (default: the base config's)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--eval-questions", type=int, default=RECIPE["eval_questions"])
     ap.add_argument("--eval-tokens", type=int, default=RECIPE["eval_tokens"])
@@ -55,12 +57,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cost-model", nargs=2, metavar=("V_JSON", "C_JSON"), default=None,
                     help="only add the cost model's verdict to --json: v(n) from V_JSON's verify_cost (a bench "
                     "result) and c at --split from C_JSON (the Kangaroo sweep's table); no training")
+    add_renamed_flags(ap, "tau")  # --tau: an error naming --t-lambda
     return ap
 
 
-def geometric_tau(alpha: float, k: int) -> float:
-    """Tokens per step when each of k drafts is accepted with probability alpha, independently, in order."""
-    return sum(alpha ** i for i in range(k + 1))
+def geometric_tau(alpha: float, K: int) -> float:
+    """Tokens per step when each of K drafts is accepted with probability alpha, independently, in order."""
+    return sum(alpha ** i for i in range(K + 1))
 
 
 def cost_model(res: dict, v: dict, c: float, target: float = 1.3, ks: tuple[int, ...] = (1, 2, 3, 4, 6)) -> dict:
@@ -69,7 +72,7 @@ def cost_model(res: dict, v: dict, c: float, target: float = 1.3, ks: tuple[int,
     from dvi_lite.study.cost import predicted_speedup
 
     def best(alpha: float) -> dict:
-        rows = [{"k": k, "speedup": predicted_speedup(geometric_tau(alpha, k), k, c, v)} for k in ks]
+        rows = [{"K": k, "speedup": predicted_speedup(geometric_tau(alpha, k), k, c, v)} for k in ks]
         return max(rows, key=lambda r: r["speedup"])
 
     def needed(k: int) -> float | None:
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
               "vocab": None if args.vocab == "full" else int(args.vocab), "eval_questions": args.eval_questions,
               "eval_tokens": args.eval_tokens}
     model, tok = frozen_model(args.model, args.dtype)
-    over = {k: v for k, v in (("tau", args.tau), ("lr", args.lr)) if v is not None}
+    over = {k: v for k, v in (("t_lambda", args.t_lambda), ("lr", args.lr)) if v is not None}
     base = arm_config("dvi", split=args.split, **over)
     res = {"what": "DVI ablation on a real model: online runs over the same stream of Spec-Bench dev training "
                    "questions (same length, seed, starting head), different objectives; then the final head's "

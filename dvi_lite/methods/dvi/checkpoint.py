@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from dvi_lite.core.checks import new_names
 from dvi_lite.methods.dvi.buffer import rng_state, set_rng_state
 from dvi_lite.methods.dvi.policy import POLICY_FILE, TRAINER_FILE, load_verifier_lora_state, verifier_lora_state
 from dvi_lite.models.artifacts import fingerprint
@@ -67,7 +68,7 @@ class Checkpointing:
     def load_state_dict(self, st: dict[str, Any]) -> None:
         if st["fingerprint"] != fingerprint(self.model):
             raise ValueError("DVI checkpoint was trained for another model (fingerprint mismatch)")
-        saved = {**PRE_HEAD_OPTION, **st["config"]}  # a checkpoint from before the head option: a shared head
+        saved = {**PRE_HEAD_OPTION, **new_names(st["config"])}  # before the head option: a shared head; tau: t_lambda
         if saved != self.cfg.to_dict():
             diff = {k: (v, saved.get(k)) for k, v in self.cfg.to_dict().items() if saved.get(k) != v}
             raise ValueError(f"DVI checkpoint config differs from this trainer's (now, saved): {diff}")

@@ -15,10 +15,10 @@ provenance) and log.jsonl (one record per fast step), and checkpoints for --resu
 
 DVI as the paper trains it (paper.py): --data FOLDER (a self-distillation set, `python -m dvi_lite distill-data`)
 switches to a trainable draft LM head over the trimmed map (--head trained), a KL warm-start on the set's train
-split (--warm-start-tokens positions, lambda_t decaying with --tau, default a third of the warm-start's steps),
-then the online reward phase over --sequences Spec-Bench training questions; held-out agreement on the val split
-at milestones of tokens seen; --max-minutes stops resumably (the same command continues). --ablation runs DVI
-vs KL-only vs pure RL for every --seeds and writes --json:
+split (--warm-start-tokens positions, lambda_t decaying with --t-lambda, T_λ, by default a third of the
+warm-start's steps), then the online reward phase over --sequences Spec-Bench training questions; held-out agreement
+on the val split at milestones of tokens seen; --max-minutes stops resumably (the same command continues).
+--ablation runs DVI vs KL-only vs pure RL for every --seeds and writes --json:
 
     python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --split 4 --vocab 8192 \
         --warm-start-tokens 1000000 --sequences 36 --max-minutes 60 --out build/dvi_paper/smollm2
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from dvi_lite.cli import command_line, require_positive, run_or_usage_error
+from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.ablation import paper_ablation
 from dvi_lite.methods.dvi.config import HEADS, DVIConfig
@@ -123,12 +124,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-per-domain", type=int, default=400)
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=6, help="draft tokens per step, K")
+    ap.add_argument("--K", type=int, default=6, help="draft tokens per step")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--slow", action="store_true",
                     help="enable slow updates of lora_D (lossless w.r.t. the UPDATED verifier)")
     ap.add_argument("--rl", default=DVIConfig.rl_variant, choices=["surrogate", "reinforce"])
-    ap.add_argument("--tau", type=float, default=None, help="lambda time constant (default: steps / 5)")
+    ap.add_argument("--t-lambda", type=float, default=None, help="T_λ, lambda's time constant (default: steps / 5)")
     ap.add_argument("--kl-floor", type=float, default=DVIConfig.kl_floor)
     ap.add_argument("--lr", type=float, default=DVIConfig.lr)
     ap.add_argument("--lora-rank", type=int_at_least(1), default=None,
@@ -157,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
     paper_args.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="ablation seeds (default 0,1,2)")
     paper_args.add_argument("--arms", default="dvi,kl,rl", help="ablation arms (comma-separated)")
     paper_args.add_argument("--json", default=None, help="the ablation's result file (e.g. results/...json)")
+    add_renamed_flags(ap, "k", "tau")  # --k, --tau: an error naming --K, --t-lambda
     return ap
 
 
@@ -194,12 +196,13 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     n_warm = -(-args.warm_start_tokens // args.warm_batch)
     cfg = dataclasses.replace(PAPER, split=split, head=args.head or "trained", lora_rank=rank,
                               lora_alpha=2.0 * rank, lr=args.lr, rl_variant=args.rl, kl_floor=args.kl_floor,
-                              tau=args.tau if args.tau is not None else max(1.0, n_warm / 3), seed=args.seed)
+                              t_lambda=args.t_lambda if args.t_lambda is not None else max(1.0, n_warm / 3),
+                              seed=args.seed)
     cfg = cfg.for_layers(n_layers)
     vocab = (PaperRecipe.vocab if args.vocab is None else None if args.vocab == "full"
              else int(args.vocab) if args.vocab.isdigit() else args.vocab)
     recipe = PaperRecipe(warm_tokens=args.warm_start_tokens, warm_batch=args.warm_batch, sequences=args.sequences,
-                         max_new_tokens=args.max_new_tokens, k=args.k, vocab=vocab,
+                         max_new_tokens=args.max_new_tokens, K=args.K, vocab=vocab,
                          max_prompt_tokens=args.max_prompt_tokens, val_max_tokens=args.val_max_tokens,
                          eval_questions=args.eval_prompts, max_minutes=args.max_minutes).check()
     train_set = load_distill(model, args.data, "train", layers=(split,))
@@ -262,7 +265,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
     from dvi_lite.study.provenance import provenance
 
     cfg = DVIConfig(split=args.split, rl_variant=args.rl, kl_floor=args.kl_floor, lr=args.lr,
-                    tau=args.tau if args.tau is not None else max(1.0, args.steps / 5),
+                    t_lambda=args.t_lambda if args.t_lambda is not None else max(1.0, args.steps / 5),
                     lora_rank=args.lora_rank or DVIConfig.lora_rank, seed=args.seed, head=args.head or "shared")
     torch.manual_seed(cfg.seed)  # every RNG a checkpoint saves is seeded: two runs save equal states
     random.seed(cfg.seed)
@@ -283,7 +286,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
     out = Path(args.out) if args.out else artifacts_dir(model) / "dvi"
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ROOT / "build" / "ckpt" / f"dvi_k{cfg.split}"
     trainer = OnlineTrainer(model, prompts, cfg, slow_updates=args.slow, max_new_tokens=args.max_new_tokens,
-                            k=args.k, temperature=args.temperature, total_steps=args.steps,
+                            K=args.K, temperature=args.temperature, total_steps=args.steps,
                             eos_token_id=tok.eos_token_id, log_path=out / "log.jsonl", ckpt_dir=ckpt,
                             ckpt_every=args.ckpt_every, vocab=vocab)
     if args.resume and (ckpt / TRAINER_FILE).is_file():
@@ -296,7 +299,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
         held = heldout_questions(tok, args.eval_prompts)[0]
     else:
         held = [r["prompt"] for r in load_prompts(n=args.eval_prompts)]
-    ev = dict(max_new_tokens=args.max_new_tokens, k=args.k, threshold=None, vocab=trainer.vocab)
+    ev = dict(max_new_tokens=args.max_new_tokens, K=args.K, threshold=None, vocab=trainer.vocab)
     if held and "eval_before" not in trainer.meta:
         trainer.meta["eval_before"] = evaluate(model, tok, held, trainer.policy, **ev)
     trainer.train(max(0, args.steps - trainer.fast_step))
@@ -310,7 +313,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
             "trainable_params": sum(p.numel() for p in trainer.policy.trainable()),
             "eval_before": trainer.meta.get("eval_before"), "eval_after": after, "eval_prompts": len(held),
             "wall_time_s": trainer.elapsed, "config": cfg.to_dict(),
-            "run": {"max_new_tokens": args.max_new_tokens, "k": args.k,
+            "run": {"max_new_tokens": args.max_new_tokens, "K": args.K,
                     "temperature": args.temperature, "dtype": str(next(model.parameters()).dtype),
                     "model": args.model or "course model", "prompts": args.prompts or "corpus train split",
                     "vocab": args.vocab},

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dvi_lite.core.checks import default_split, is_int, is_real
+from dvi_lite.core.checks import RenamedFields, default_split, is_int, is_real
 
 RL_VARIANTS = ("reinforce", "surrogate")
 HEADS = ("shared", "trained")  # the draft LM head: the model's own, frozen; or a trainable copy of its rows
@@ -22,9 +22,11 @@ def is_finite(x: Any) -> bool:
 
 
 @dataclass
-class DVIConfig:
+class DVIConfig(RenamedFields):
+    renamed_fields = ("tau",)  # DVIConfig(tau=...) fails: tau is now t_lambda (τ is tokens per target forward)
     # fast update (draft, policy improvement)
-    tau: float = 200.0  # time constant of lambda_t = exp(-t / tau), in fast steps: KL-dominated warm-up length
+    t_lambda: float = 200.0  # T_λ, the time constant of lambda_t = exp(-t / T_λ), in fast steps: the KL-dominated
+    # warm-up length
     kl_floor: float = 0.05  # lambda never drops below this: a residual KL keeps the draft near the verifier
     # the policy term: "reinforce" (the paper's: reward-driven, -(r - b) log q(token) on the accept bits, EMA
     # baseline b) or "surrogate" (-log q(top1 of p): online distillation, never reads the reward)
@@ -66,7 +68,7 @@ class DVIConfig:
         def bad(name: str, allowed: str) -> ValueError:
             return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
 
-        for name in ("tau", "teacher_temperature", "lr", "slow_lr", "lora_alpha", "grad_clip"):
+        for name in ("t_lambda", "teacher_temperature", "lr", "slow_lr", "lora_alpha", "grad_clip"):
             v = getattr(self, name)
             if not is_finite(v) or v <= 0:
                 raise bad(name, "a finite number > 0")

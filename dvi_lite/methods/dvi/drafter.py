@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dvi_lite.core.checks import check_split
+from dvi_lite.core.checks import check_split, reject_renamed
 from dvi_lite.core.engine import DecodeState, Outcome, acceptance_rate
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
@@ -28,7 +28,7 @@ from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 class DVIDrafter(EarlyExitDrafter):
     """Early exit at layer k with the DVI policy as exit head; collects experiences when `collect`.
 
-    k: draft tokens per step (K). feedback(): the verifier tests drafts in order until the first
+    K: draft tokens per step. feedback(): the verifier tests drafts in order until the first
     rejection, so a step with n drafts and a accepted yields min(n, a + 1) experiences: draft i (0-based)
     was produced from the layer-k state of input i ([pending, d1, ...], Proposal.hidden[:, i]), its
     reward is 1 if i < a else 0, and the verifier's logits at input i (Outcome.p_logits[i]) are exactly
@@ -37,12 +37,12 @@ class DVIDrafter(EarlyExitDrafter):
     """
     name = "dvi"
 
-    def __init__(self, runner: Runner, policy: DVIPolicy, k: int = 6, threshold: float | None = None,
+    def __init__(self, runner: Runner, policy: DVIPolicy, K: int = 6, threshold: float | None = None,
                  collect: bool = False, vocab: TrimmedHead | None = None):
         if policy.head == "trained":  # a trained head drafts on its own ids (checked), through its own rows
             policy.check_vocab(vocab)
             vocab = policy.head_map
-        super().__init__(runner, policy.split, k, threshold, 1, vocab)  # a chain (branch 1): one experience per draft
+        super().__init__(runner, policy.split, K, threshold, 1, vocab)  # a chain (branch 1): one experience per draft
         self.policy = policy
         self.collect = collect
         self._pending: list[tuple[torch.Tensor, ...]] = []
@@ -80,7 +80,8 @@ class DVIDrafter(EarlyExitDrafter):
 
 
 def make_drafter(model, tokenizer, split: int | None = None, state: str | Path | DVIPolicy | None = None,
-                 k: int = 6, threshold: float | None = 0.6, load_verifier: bool = False, vocab=None) -> DVIDrafter:
+                 K: int = 6, threshold: float | None = 0.6, load_verifier: bool = False, vocab=None,
+                 **old) -> DVIDrafter:
     """DVI: the target's first `split` layers + the trained exit head (lora_S) draft, layers [split, L) verify.
 
     state: a dir with policy.pt (None = this model's committed policy), or a DVIPolicy (e.g.
@@ -90,6 +91,7 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
     the policy was trained on (its file's "vocab": this model's top-N map, or the full vocabulary); "full" =
     the full vocabulary whatever the policy was trained on.
     """
+    reject_renamed(old, "dvi.make_drafter")
     r = Runner.for_model(model)
     if split is not None:
         check_split(split, r.n_layers)
@@ -105,27 +107,28 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
                 raise ValueError(f"vocab='full': this DVI policy's trained head scores {len(policy.head_ids)} "
                                  "token ids only (draft with vocab=None)")
             vocab = None
-        return DVIDrafter(r, policy, k, threshold, vocab=None if vocab is None else resolve_vocab(model, tokenizer,
+        return DVIDrafter(r, policy, K, threshold, vocab=None if vocab is None else resolve_vocab(model, tokenizer,
                                                                                                    vocab))
     if vocab is None:
         vocab = getattr(policy, "trained_vocab", None)
     elif isinstance(vocab, str) and vocab == "full":
         vocab = None
-    return DVIDrafter(r, policy, k, threshold, vocab=resolve_vocab(model, tokenizer, vocab))
+    return DVIDrafter(r, policy, K, threshold, vocab=resolve_vocab(model, tokenizer, vocab))
 
 
 def evaluate(model, tokenizer, prompts: Sequence[Any], state: str | Path | DVIPolicy | None = None,
-             max_new_tokens: int = 64, k: int = 6, threshold: float | None = None,
-             temperature: float = 0.0, vocab: Any = None) -> dict[str, Any]:
+             max_new_tokens: int = 64, K: int = 6, threshold: float | None = None,
+             temperature: float = 0.0, vocab: Any = None, **old) -> dict[str, Any]:
     """tau (tokens per target forward), alpha (per-token acceptance) and tokens/s of method="dvi" on prompts.
 
     Call it before and after training (state=trainer.policy) to see what the online loop bought.
     prompts: str, token ids or chat messages (generate's prompts); vocab: the drafter's (trainer.vocab).
     """
+    reject_renamed(old, "dvi.evaluate")
     steps, new, secs = [], 0, 0.0
     for i, p in enumerate(prompts):
         out = generate(model, tokenizer, p if isinstance(p, str) else list(p), method="dvi", state=state,
-                       max_new_tokens=max_new_tokens, k=k, threshold=threshold, temperature=temperature, seed=i,
+                       max_new_tokens=max_new_tokens, K=K, threshold=threshold, temperature=temperature, seed=i,
                        **({} if vocab is None else {"vocab": vocab}))
         steps += out.stats.steps
         new += out.stats.new_tokens

@@ -1,6 +1,6 @@
 """The live figure of the DVI widget: the lambda_t schedule above, online-training diagnostics below.
 
-Traces (by name): row 1 "lambda_t" (the schedule for the current tau / KL floor, over fast steps
+Traces (by name): row 1 "lambda_t" (the schedule for the current T_λ / KL floor, over fast steps
 t = 0 .. horizon-1), "lambda_used" (the lambda each training update actually used) and "current_step"
 (a vertical marker at the trainer's next fast step); row 2 "accept_rate" (right axis, [0, 1]), "loss",
 "l_kl", "l_rl" (left axis). plotly (the [course] extra) is imported when a figure is built.
@@ -19,14 +19,14 @@ STREAM_TRACES = ("accept_rate", "loss", "l_kl", "l_rl")  # record keys, also the
 TRACE_NAMES = (LAMBDA_TRACE, "lambda_used", "current_step") + STREAM_TRACES
 
 
-def lambda_figure(horizon: int, tau: float, kl_floor: float) -> go.FigureWidget:
+def lambda_figure(horizon: int, t_lambda: float, kl_floor: float) -> go.FigureWidget:
     """A FigureWidget with every trace of TRACE_NAMES: lambda_t drawn over `horizon` steps, the rest empty."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     base = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                          specs=[[{}], [{"secondary_y": True}]],
-                         subplot_titles=("KL weight λ_t = max(KL floor, exp(-t / τ))",
+                         subplot_titles=("KL weight λ_t = max(KL floor, exp(-t / T_λ))",
                                          "online training: acceptance and losses"))
     try:
         fig = go.FigureWidget(base)
@@ -34,7 +34,7 @@ def lambda_figure(horizon: int, tau: float, kl_floor: float) -> go.FigureWidget:
         raise ImportError(f"LambdaWidget needs plotly's FigureWidget, which needs anywidget: pip install "
                           f"anywidget (it is a dependency in pyproject.toml) ({e})") from e
     ts = list(range(horizon))
-    fig.add_scatter(x=ts, y=lambda_curve(horizon, tau, kl_floor), name=LAMBDA_TRACE, mode="lines",
+    fig.add_scatter(x=ts, y=lambda_curve(horizon, t_lambda, kl_floor), name=LAMBDA_TRACE, mode="lines",
                     line={"color": "#1f77b4", "width": 3}, row=1, col=1)
     fig.add_scatter(x=[], y=[], name="lambda_used", mode="markers", marker={"color": "#ff7f0e", "size": 6},
                     row=1, col=1)

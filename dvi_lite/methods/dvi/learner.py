@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.core.checks import check_int, check_prob, check_real
+from dvi_lite.core.checks import check_int, check_prob, check_real, reject_renamed
 from dvi_lite.core.engine import acceptance_rate, decode
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.core.runner import Runner
@@ -55,12 +55,13 @@ class OnlineTrainer(Checkpointing):
     """
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], cfg: DVIConfig | None = None, *,
-                 slow_updates: bool = False, max_new_tokens: int = 64, k: int = 6,
+                 slow_updates: bool = False, max_new_tokens: int = 64, K: int = 6,
                  threshold: float | None = None, temperature: float = 0.0, total_steps: int | None = None,
                  warmup: int = 10, min_lr_frac: float = 0.1, slow_inner: int = 4, slow_batch: int = 4,
                  slow_history: int = 64, eos_token_id: int | None = None, log_path: str | Path | None = None,
                  ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
-                 buffer_logits_dtype: torch.dtype = torch.float32, progress: bool = True, vocab: Any = None):
+                 buffer_logits_dtype: torch.dtype = torch.float32, progress: bool = True, vocab: Any = None, **old):
+        reject_renamed(old, "OnlineTrainer")
         self.runner = Runner.for_model(model)
         self.model = model
         self.cfg = (cfg if cfg is not None else DVIConfig()).for_layers(self.runner.n_layers)
@@ -76,7 +77,7 @@ class OnlineTrainer(Checkpointing):
                                  f"model's context of {ctx}; cut the prompts (train_prompts(max_len=...))")
             if min(p) < 0 or max(p) >= vocab_size:
                 raise ValueError(f"prompts[{i}]: token ids must be in [0, {vocab_size}), got {min(p)}..{max(p)}")
-        self.k = check_int("k", k, 1, what="draft tokens per step")
+        self.K = check_int("K", K, 1, what="draft tokens per step")
         self.threshold = None if threshold is None else check_prob("threshold", threshold, what="eta")
         self.sampler = Sampler(temperature)
         if total_steps is not None:
@@ -152,7 +153,7 @@ class OnlineTrainer(Checkpointing):
     def _decode_next(self) -> int:
         ids = self.prompts[self.prompt_idx % len(self.prompts)]
         self.prompt_idx += 1
-        drafter = DVIDrafter(self.runner, self.policy, self.k, self.threshold, collect=True, vocab=self.vocab)
+        drafter = DVIDrafter(self.runner, self.policy, self.K, self.threshold, collect=True, vocab=self.vocab)
         gen = make_generator(self.cfg.seed * 1_000_003 + self.prompt_idx, self.runner.device)
         self.policy.eval()
         new, stats = decode(self.runner, drafter, ids, self.max_new_tokens, self.sampler, gen,

@@ -3,7 +3,7 @@
 Notation: p = target / verifier distribution, q = pi = draft distribution. Losses take (B, V) logits
 (any leading shape (..., V) is flattened, every position weighs the same) and compute in float32.
 
-  * lambda_schedule / lambda_curve: the KL weight lambda_t = max(kl_floor, exp(-t / tau)).
+  * lambda_schedule / lambda_curve: the KL weight lambda_t = max(kl_floor, exp(-t / T_λ)).
   * Fast update (the draft, every `fast_every` experiences):
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
     where L_RL is (default, the paper's) the policy-gradient term on the accept bit, -(r - b) log q(token)
@@ -32,26 +32,26 @@ from dvi_lite.methods.dvi.config import DVIConfig, is_finite
 # lambda schedule
 
 
-def lambda_schedule(t: float, tau: float, kl_floor: float) -> float:
-    """KL weight at fast step t: lambda_t = max(kl_floor, exp(-t / tau)).
+def lambda_schedule(t: float, t_lambda: float, kl_floor: float) -> float:
+    """KL weight at fast step t: lambda_t = max(kl_floor, exp(-t / T_λ)).
 
     At t = 0 the loss is pure distillation (dense signal while the accept bit is still ~always 0);
-    lambda decays with time constant tau, handing the weight to the RL term; the floor keeps a residual
+    lambda decays with time constant T_λ (t_lambda), handing the weight to the RL term; the floor keeps a residual
     KL forever so the draft cannot wander away from the verifier once RL dominates.
     """
-    if not is_finite(tau) or tau <= 0:
-        raise ValueError(f"tau must be a finite number > 0, got {tau!r}")
+    if not is_finite(t_lambda) or t_lambda <= 0:
+        raise ValueError(f"t_lambda (T_λ) must be a finite number > 0, got {t_lambda!r}")
     if not is_finite(kl_floor) or not 0.0 <= kl_floor <= 1.0:
         raise ValueError(f"kl_floor must be a number in [0, 1], got {kl_floor!r}")
     if not is_finite(t) or t < 0:
         raise ValueError(f"t (fast step) must be a finite number >= 0, got {t!r}")
-    return max(float(kl_floor), math.exp(-t / tau))
+    return max(float(kl_floor), math.exp(-t / t_lambda))
 
 
-def lambda_curve(steps: int | Iterable[float], tau: float, kl_floor: float) -> list[float]:
+def lambda_curve(steps: int | Iterable[float], t_lambda: float, kl_floor: float) -> list[float]:
     """lambda_t for t = 0 .. steps - 1 (an int) or for the given steps (an iterable), for plots."""
     ts = range(steps) if is_int(steps) else steps
-    return [lambda_schedule(t, tau, kl_floor) for t in ts]
+    return [lambda_schedule(t, t_lambda, kl_floor) for t in ts]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def fast_loss(batch: dict[str, torch.Tensor], cfg: DVIConfig, step: int,
         raise ValueError(f"student_logits {tuple(s.shape)} and teacher_logits {tuple(t.shape)} differ in shape")
     if isinstance(baseline, EMABaseline):
         baseline = baseline.value
-    lam = lambda_schedule(step, cfg.tau, cfg.kl_floor)
+    lam = lambda_schedule(step, cfg.t_lambda, cfg.kl_floor)
     ce_w = cfg.ce_weight * cfg.ce_decay ** step
     top1 = t.detach().argmax(-1)  # (B,)
     if cfg.rl_variant == "reinforce":

@@ -5,7 +5,7 @@ online reward phase on a stream of questions; its learning curve; and the ablati
                          from the target's rows, + lora_S on the exit block) and the run's sizes
     heldout              top-1 agreement with the target and KL(p_top-k || q) on held-out positions (the val split)
     train_paper          warm-start -> online, one fast-step counter t across both phases, so lambda_t =
-                         max(kl_floor, exp(-t / tau)) decays through the warm-start (the lambda_t phase) and the
+                         max(kl_floor, exp(-t / T_λ)) decays through the warm-start (the lambda_t phase) and the
                          online phase runs at the floor (the reward phase). Milestones of tokens seen -> held-out
                          agreement + an fp16 snapshot under out_dir/curve/; max_minutes stops (checkpointed) and
                          the same call resumes; atomic checkpoints (checkpoint.py)
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from dvi_lite.core.checks import RenamedFields, new_names
 from dvi_lite.methods.dvi.checkpoint import _save, _write_text
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.learner import OnlineTrainer
@@ -37,19 +38,20 @@ from dvi_lite.models.vocab import TrimmedHead
 
 # the paper's head on SmolLM2 (exit layer 4, the committed 8192-token map): ~4.92M trainable values
 # (head rows 8192 x 576 = 4.72M, lora_S at rank 32 = 203k, exit_norm, alpha) against the shared head's 51k
-PAPER = DVIConfig(split=4, head="trained", head_lr_mult=0.1, lora_rank=32, lora_alpha=64.0, tau=1000.0,
+PAPER = DVIConfig(split=4, head="trained", head_lr_mult=0.1, lora_rank=32, lora_alpha=64.0, t_lambda=1000.0,
                   kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=1e-3, fast_every=8, batch_size=64,
                   buffer_size=2048, seed=0)
 MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000)
 
 
 @dataclass
-class PaperRecipe:
+class PaperRecipe(RenamedFields):
+    renamed_fields = ("k",)  # PaperRecipe(k=...) fails: k is now K
     warm_tokens: int = 1_000_000  # positions of the set's train split in the KL warm-start (cycled if fewer)
     warm_batch: int = 256  # positions per warm-start step
     sequences: int = 36  # stream questions in the online reward phase
     max_new_tokens: int = 64  # new tokens per stream question
-    k: int = 6  # draft tokens per step online
+    K: int = 6  # draft tokens per step online
     vocab: int | None = 8192  # the trimmed map (this model's top-N); None = all V rows
     max_prompt_tokens: int = 384
     milestones: tuple[int, ...] = MILESTONES  # tokens seen at which the held-out agreement is measured
@@ -62,7 +64,7 @@ class PaperRecipe:
         for name in ("warm_tokens", "sequences", "eval_questions"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
-        for name in ("warm_batch", "max_new_tokens", "k", "val_max_tokens", "eval_tokens", "max_prompt_tokens"):
+        for name in ("warm_batch", "max_new_tokens", "K", "val_max_tokens", "eval_tokens", "max_prompt_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float))
@@ -201,7 +203,7 @@ def make_trainer(model, tok, cfg: DVIConfig, recipe: PaperRecipe, out_dir: Path,
     from dvi_lite.methods.dvi.serve import question_stream
 
     stream, _ = question_stream(tok, cfg.seed, recipe.max_prompt_tokens, max(1, recipe.sequences))
-    return OnlineTrainer(model, stream, cfg, max_new_tokens=recipe.max_new_tokens, k=recipe.k,
+    return OnlineTrainer(model, stream, cfg, max_new_tokens=recipe.max_new_tokens, K=recipe.K,
                          eos_token_id=tok.eos_token_id, vocab=recipe.vocab, progress=progress,
                          log_path=out_dir / "log.jsonl", ckpt_dir=ckpt_dir)
 
@@ -228,7 +230,7 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
     split = tr.cfg.split
     if resume and (ckpt_dir / TRAINER_FILE).is_file():
         tr.load_checkpoint()
-        if tr.meta.get("paper", {}).get("recipe") != recipe.recipe():
+        if new_names(tr.meta.get("paper", {}).get("recipe") or {}) != recipe.recipe():  # k: a pre-rename one
             raise ValueError(f"DVI checkpoint in {ckpt_dir} is of another recipe (now, saved): "
                              f"{recipe.recipe()}, {tr.meta.get('paper', {}).get('recipe')}")
     else:
@@ -318,7 +320,7 @@ def finish(tr: OnlineTrainer, tok, train: TeacherData, val: TeacherData, recipe:
     bench = None
     if recipe.eval_questions:
         held, ids = heldout_questions(tok, recipe.eval_questions)
-        bench = {**evaluate(tr.model, tok, held, tr.policy, max_new_tokens=recipe.eval_tokens, k=recipe.k,
+        bench = {**evaluate(tr.model, tok, held, tr.policy, max_new_tokens=recipe.eval_tokens, K=recipe.K,
                             threshold=None), "question_ids": ids, "greedy": True}
     prov = provenance(command, device=tr.runner.device)
     card = {"method": "dvi", "what": "DVI as the paper trains it: trainable draft LM head (target rows) + lora_S, "

@@ -34,19 +34,19 @@ from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.paths import BUILD_DIR
 
 # the recipe of the committed SmolLM2 head (prepare_smollm2; the ablation's "dvi" arm)
-RECIPE: dict[str, Any] = {"split": 4, "sequences": 36, "max_new_tokens": 64, "k": 6, "vocab": 8192,
+RECIPE: dict[str, Any] = {"split": 4, "sequences": 36, "max_new_tokens": 64, "K": 6, "vocab": 8192,
                           "max_prompt_tokens": 384, "eval_questions": 6, "eval_tokens": 48}
 # a fast update (a batch through the exit block and the trimmed head) costs far less than decoding the
 # experiences it needs, so the stream is replayed: a 64-sample update every 8 new experiences
-BASE = DVIConfig(split=RECIPE["split"], tau=50.0, kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=3e-3,
+BASE = DVIConfig(split=RECIPE["split"], t_lambda=50.0, kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=3e-3,
                  fast_every=8, batch_size=64, buffer_size=2048, seed=0)
 # the ablation: what each arm changes in the base config
 ARMS: dict[str, dict[str, Any]] = {
     "dvi": {},  # the paper's objective (KL warm-up -> reward-driven PG with EMA baseline, CE anchor, KL floor)
     "kl": {"kl_floor": 1.0, "ce_weight": 0.0},  # lambda_t = 1 forever: online KL distillation, reward unread
-    "rl": {"kl_floor": 0.0, "tau": 1e-3, "ce_weight": 0.0},  # lambda = 1 only at t = 0, then reward only
+    "rl": {"kl_floor": 0.0, "t_lambda": 1e-3, "ce_weight": 0.0},  # lambda = 1 only at t = 0, then reward only
 }
-SMOKE = {"sequences": 3, "max_new_tokens": 12, "k": 4, "vocab": None, "max_prompt_tokens": 96,
+SMOKE = {"sequences": 3, "max_new_tokens": 12, "K": 4, "vocab": None, "max_prompt_tokens": 96,
          "eval_questions": 1, "eval_tokens": 8}
 
 
@@ -143,7 +143,7 @@ def online_run(model, tok, cfg: DVIConfig, recipe: dict[str, Any], arm: str = "d
     every 10 fast steps; resume=True continues from one (same config, same stream).
     """
     stream, qids = question_stream(tok, cfg.seed, recipe["max_prompt_tokens"], recipe["sequences"])
-    trainer = OnlineTrainer(model, stream, cfg, max_new_tokens=recipe["max_new_tokens"], k=recipe["k"],
+    trainer = OnlineTrainer(model, stream, cfg, max_new_tokens=recipe["max_new_tokens"], K=recipe["K"],
                             eos_token_id=tok.eos_token_id, vocab=recipe["vocab"], progress=progress,
                             log_path=None if out is None else Path(out) / f"log_{arm}.jsonl",
                             ckpt_dir=ckpt_dir, ckpt_every=10 if ckpt_dir is not None else 0)
@@ -158,14 +158,14 @@ def online_run(model, tok, cfg: DVIConfig, recipe: dict[str, Any], arm: str = "d
     if ckpt_dir is not None:
         trainer.save_checkpoint()
     held, held_ids = heldout_questions(tok, recipe["eval_questions"])
-    ev = evaluate(model, tok, held, trainer.policy, max_new_tokens=recipe["eval_tokens"], k=recipe["k"],
+    ev = evaluate(model, tok, held, trainer.policy, max_new_tokens=recipe["eval_tokens"], K=recipe["K"],
                   threshold=None, vocab=trainer.vocab)
     summary = {"arm": arm, "config": cfg.to_dict(), "stream_questions": qids[: trainer.prompt_idx],
                "fast_steps": trainer.fast_step, "experiences": trainer.buffer.n_seen,
                "tokens_generated": trainer.tokens_generated, "train_wall_s": trainer.elapsed,
                "run_wall_s": time.perf_counter() - t0, "curve": curve(records),
                "heldout": {**ev, "question_ids": held_ids, "max_new_tokens": recipe["eval_tokens"], "greedy": True,
-                           "k": recipe["k"], "threshold": None}}
+                           "K": recipe["K"], "threshold": None}}
     return trainer, summary
 
 
@@ -178,7 +178,7 @@ def heldout_before(model, tok, cfg: DVIConfig, recipe: dict[str, Any]) -> dict:
         torch.manual_seed(cfg.seed)
         pol = DVIPolicy(model, cfg.split, cfg.lora_rank, cfg.lora_alpha)
     held, ids = heldout_questions(tok, recipe["eval_questions"])
-    return {**evaluate(model, tok, held, pol, max_new_tokens=recipe["eval_tokens"], k=recipe["k"], threshold=None,
+    return {**evaluate(model, tok, held, pol, max_new_tokens=recipe["eval_tokens"], K=recipe["K"], threshold=None,
                        vocab=resolve_vocab(model, tok, recipe["vocab"])), "question_ids": ids}
 
 

@@ -8,7 +8,7 @@ and a button that runs a short, real online-training run and streams its diagnos
     w.static_figure()      # a plain go.Figure of the current state, for executed notebooks / HTML export
 
 Controls (each has a stable `description` and a CSS class, so a browser test can find it):
-    tau          FloatLogSlider  "T_λ"          .dvi-tau        lambda's time constant T_λ (fast steps)
+    t_lambda     FloatLogSlider  "T_λ"          .dvi-t-lambda   lambda's time constant T_λ (fast steps)
     kl_floor     FloatSlider     "KL floor"     .dvi-kl-floor   lambda never drops below it
     ce_weight    FloatSlider     "CE weight"    .dvi-ce-weight  weight of the CE anchor on the verifier's top-1
     rl_variant   Dropdown        "RL variant"   .dvi-rl-variant "surrogate" | "reinforce"
@@ -22,11 +22,11 @@ widget is built, so importing this module needs neither.
 
 The figure and its traces (TRACE_NAMES) are described in figure.py. Training traces are plotted at
 t = record["step"] - 1: the index of the update, the t its lambda_t was computed at, so "lambda_used"
-sits on "lambda_t" while tau and the floor are unchanged.
+sits on "lambda_t" while t_lambda and the floor are unchanged.
 
-When things apply: tau and the KL floor redraw the lambda_t curve at once; every control (tau, floor,
+When things apply: t_lambda and the KL floor redraw the lambda_t curve at once; every control (t_lambda, floor,
 CE weight, RL variant, lr) reaches the trainer on the NEXT click / train() call, never in the middle of
-a run. The trainer keeps counting fast steps across clicks, so a new tau re-times lambda at the current
+a run. The trainer keeps counting fast steps across clicks, so a new t_lambda re-times lambda at the current
 t (lambda can jump: the dots of "lambda_used" then leave the old curve). The learning rate goes into
 the trainer's config (its warm-up schedule scales it) and into the optimiser's param groups.
 
@@ -54,13 +54,13 @@ if TYPE_CHECKING:  # the [course] extra: imported when a widget is built, so thi
 
 # read-only: control attribute -> CSS class (what the browser test looks for)
 CSS_CLASSES = MappingProxyType({
-    "tau": "dvi-tau", "kl_floor": "dvi-kl-floor", "ce_weight": "dvi-ce-weight", "rl_variant": "dvi-rl-variant",
-    "lr": "dvi-lr", "steps": "dvi-steps", "button": "dvi-train", "status": "dvi-status", "fig": "dvi-figure",
-    "ui": "dvi-widget"})
-CONFIG_FIELDS = ("tau", "kl_floor", "ce_weight", "rl_variant", "lr")  # DVIConfig fields the controls set
+    "t_lambda": "dvi-t-lambda", "kl_floor": "dvi-kl-floor", "ce_weight": "dvi-ce-weight",
+    "rl_variant": "dvi-rl-variant", "lr": "dvi-lr", "steps": "dvi-steps", "button": "dvi-train", "status": "dvi-status",
+    "fig": "dvi-figure", "ui": "dvi-widget"})
+CONFIG_FIELDS = ("t_lambda", "kl_floor", "ce_weight", "rl_variant", "lr")  # DVIConfig fields the controls set
 
 _TIPS = MappingProxyType({
-    "tau": "time constant of lambda_t = max(KL floor, exp(-t / tau)), in fast steps",
+    "t_lambda": "T_λ, the time constant of lambda_t = max(KL floor, exp(-t / T_λ)), in fast steps",
     "kl_floor": "lambda never drops below this: a residual KL keeps the draft near the verifier",
     "ce_weight": "weight of the CE anchor on the verifier's top-1 (applies on the next training click)",
     "rl_variant": "surrogate: -log q(top1 of p), low variance; reinforce: -(r - b) log q(token)",
@@ -83,7 +83,7 @@ def _log_range(lo: float, hi: float, value: float, step: float) -> tuple[float, 
 
 
 class LambdaWidget:
-    """Sliders for tau, KL floor, CE weight, RL variant and lr; a live lambda_t plot; 'train N steps'.
+    """Sliders for t_lambda, KL floor, CE weight, RL variant and lr; a live lambda_t plot; 'train N steps'.
 
     model, prompts_ids: what OnlineTrainer gets (token-id lists, e.g. dvi.cli.train_prompts(tok, ...)).
     cfg: the starting DVIConfig (copied; default DVIConfig()); the controls start at its values.
@@ -115,9 +115,10 @@ class LambdaWidget:
             n: ([], []) for n in ("lambda_used",) + STREAM_TRACES}
         c = self.cfg
         style = {"description_width": "initial"}
-        t_lo, t_hi = _log_range(5.0, 1000.0, c.tau, 0.01)
-        self.tau = widgets.FloatLogSlider(value=c.tau, base=10, min=t_lo, max=t_hi, step=0.01, description="T_λ",
-                                          readout_format=".3g", style=style, tooltip=_TIPS["tau"])
+        t_lo, t_hi = _log_range(5.0, 1000.0, c.t_lambda, 0.01)
+        self.t_lambda = widgets.FloatLogSlider(value=c.t_lambda, base=10, min=t_lo, max=t_hi, step=0.01,
+                                               description="T_λ", readout_format=".3g", style=style,
+                                               tooltip=_TIPS["t_lambda"])
         self.kl_floor = widgets.FloatSlider(value=c.kl_floor, min=0.0, max=1.0, step=0.01, description="KL floor",
                                             readout_format=".2f", style=style, tooltip=_TIPS["kl_floor"])
         self.ce_weight = widgets.FloatSlider(value=c.ce_weight, min=0.0, max=max(1.0, c.ce_weight), step=0.01,
@@ -133,11 +134,11 @@ class LambdaWidget:
         self.button = widgets.Button(description="train N steps", button_style="primary", icon="play",
                                      tooltip="run N (the steps slider) fast updates of real online DVI training")
         self.status = widgets.HTML(value="")
-        self.fig = lambda_figure(horizon, c.tau, c.kl_floor)
+        self.fig = lambda_figure(horizon, c.t_lambda, c.kl_floor)
         for name in CSS_CLASSES:
             if name != "ui":
                 getattr(self, name).add_class(CSS_CLASSES[name])
-        for w in (self.tau, self.kl_floor):
+        for w in (self.t_lambda, self.kl_floor):
             w.observe(self._on_schedule_change, names="value")
         for w in (self.ce_weight, self.rl_variant, self.lr):
             w.observe(self._on_config_change, names="value")
@@ -175,9 +176,9 @@ class LambdaWidget:
         step = self.trainer.fast_step if self.trainer is not None else 0
         return max(self.horizon, step + 1)
 
-    def _redraw_lambda(self, tau: float, kl_floor: float) -> None:
+    def _redraw_lambda(self, t_lambda: float, kl_floor: float) -> None:
         n = self._curve_len()
-        ys = lambda_curve(n, tau, kl_floor)  # raises ValueError on a bad tau / floor: nothing drawn then
+        ys = lambda_curve(n, t_lambda, kl_floor)  # raises ValueError on a bad t_lambda / floor: nothing drawn then
         step = self.trainer.fast_step if self.trainer is not None else 0
         with self.fig.batch_update():
             lam = self.trace(LAMBDA_TRACE)
@@ -197,25 +198,26 @@ class LambdaWidget:
     def _schedule_text(self) -> str:
         c = self.cfg
         if c.kl_floor <= 0:
-            return f"λ_t = exp(-t/τ), τ = {c.tau:.3g}: λ falls to 0.05 by t ≈ {c.tau * math.log(20):.0f}"
+            return (f"λ_t = exp(-t/T_λ), T_λ = {c.t_lambda:.3g}: λ falls to 0.05 by t ≈ "
+                    f"{c.t_lambda * math.log(20):.0f}")
         if c.kl_floor >= 1:
             return "KL floor = 1: λ_t = 1 forever (pure distillation, no RL term)"
-        return (f"λ_t = max({c.kl_floor:.2f}, exp(-t/{c.tau:.3g})): reaches the floor at "
-                f"t = τ·ln(1/floor) ≈ {c.tau * math.log(1 / c.kl_floor):.0f}")
+        return (f"λ_t = max({c.kl_floor:.2f}, exp(-t/{c.t_lambda:.3g})): reaches the floor at "
+                f"t = T_λ·ln(1/floor) ≈ {c.t_lambda * math.log(1 / c.kl_floor):.0f}")
 
     # ------------------------------------------------------------------ config from the controls
     def _candidate(self) -> DVIConfig:
         """The config the controls describe now (ValueError if invalid); self.cfg is not touched."""
-        vals = {"tau": float(self.tau.value), "kl_floor": float(self.kl_floor.value),
+        vals = {"t_lambda": float(self.t_lambda.value), "kl_floor": float(self.kl_floor.value),
                 "ce_weight": float(self.ce_weight.value), "rl_variant": self.rl_variant.value,
                 "lr": float(self.lr.value)}
         return dataclasses.replace(self.cfg, **vals)  # DVIConfig.__post_init__ validates
 
     def _on_schedule_change(self, change: dict) -> None:
-        """tau / KL floor moved: validate, then redraw lambda_t at once. Never raises."""
+        """t_lambda / KL floor moved: validate, then redraw lambda_t at once. Never raises."""
         try:
             cand = self._candidate()
-            self._redraw_lambda(cand.tau, cand.kl_floor)
+            self._redraw_lambda(cand.t_lambda, cand.kl_floor)
             self.cfg = cand
             self._say(self._schedule_text())
         except Exception as e:  # a callback must not raise into the kernel's comm handler
@@ -281,7 +283,7 @@ class LambdaWidget:
         finally:
             self._busy, self.button.disabled = False, False
             try:
-                self._redraw_lambda(self.cfg.tau, self.cfg.kl_floor)  # the curve follows t past the horizon
+                self._redraw_lambda(self.cfg.t_lambda, self.cfg.kl_floor)  # the curve follows t past the horizon
             except ValueError:
                 pass
         last = recs[-1] if recs else None
@@ -327,7 +329,7 @@ class LambdaWidget:
 
         fig = go.Figure(self.fig)
         c = self.cfg
-        fig.update_layout(title={"text": f"DVI λ_t (τ = {c.tau:.3g}, KL floor = {c.kl_floor:.2f}) after "
+        fig.update_layout(title={"text": f"DVI λ_t (T_λ = {c.t_lambda:.3g}, KL floor = {c.kl_floor:.2f}) after "
                                          f"{len(self.records)} fast steps ({c.rl_variant}, lr = {c.lr:.1e})",
                                  "font": {"size": 14}}, margin={"t": 90})
         return fig
@@ -340,7 +342,7 @@ class LambdaWidget:
 
     @property
     def controls(self) -> list[widgets.Widget]:
-        return [self.tau, self.kl_floor, self.ce_weight, self.rl_variant, self.lr, self.steps]
+        return [self.t_lambda, self.kl_floor, self.ce_weight, self.rl_variant, self.lr, self.steps]
 
     @property
     def ui(self) -> widgets.VBox:
@@ -348,7 +350,7 @@ class LambdaWidget:
         if self._ui is None:
             import ipywidgets as widgets
 
-            self._ui = widgets.VBox([widgets.HBox([self.tau, self.kl_floor, self.ce_weight]),
+            self._ui = widgets.VBox([widgets.HBox([self.t_lambda, self.kl_floor, self.ce_weight]),
                                      widgets.HBox([self.rl_variant, self.lr, self.steps]),
                                      widgets.HBox([self.button, self.status]), self.fig])
             self._ui.add_class(CSS_CLASSES["ui"])

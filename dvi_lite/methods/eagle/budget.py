@@ -19,29 +19,29 @@ import json
 from pathlib import Path
 
 from dvi_lite.cli import command_line, prog, run_or_usage_error
-from dvi_lite.core.checks import check_int, check_real
+from dvi_lite.core.checks import add_renamed_flags, check_int, check_real
 
 BUDGETS = (8, 16, 24, 32)
 
 
-def budget_rows(model, tok, prompts: list[dict], v, c: float, nodes: tuple[int, ...] = BUDGETS, k: int = 5,
+def budget_rows(model, tok, prompts: list[dict], v, c: float, nodes: tuple[int, ...] = BUDGETS, K: int = 5,
                 branch: int | None = None, head=None, max_new_tokens: int = 128) -> dict:
     """tau and the predicted speedup for every node budget (dynamic tree, greedy), and the best budget."""
     from dvi_lite.study.cost import predicted_speedup
     from dvi_lite.study.curves import decode_counts
 
     check_real("c (draft cost per step)", c, 0)
-    check_int("k (tree depth)", k, 1)
+    check_int("K (draft tokens per step: the tree's depth)", K, 1)
     rows = []
     for n in nodes:
         check_int("nodes (tree budget)", n, 1)
-        opts = {"tree": "dynamic", "k": k, "max_nodes": n, "branch": branch, "head": head}
+        opts = {"tree": "dynamic", "K": K, "max_nodes": n, "branch": branch, "head": head}
         counts = decode_counts(model, tok, prompts, "eagle", max_new_tokens, opts)
-        pred = None if counts["tau"] is None else predicted_speedup(counts["tau"], k, c, v, nodes=n)
+        pred = None if counts["tau"] is None else predicted_speedup(counts["tau"], K, c, v, nodes=n)
         rows.append({"nodes": n, **counts, "predicted_speedup": None if pred is None else round(pred, 4)})
     scored = [r for r in rows if r["predicted_speedup"] is not None]
     best = max(scored, key=lambda r: r["predicted_speedup"])["nodes"] if scored else None
-    return {"rows": rows, "best_nodes": best, "k": k, "c": c,
+    return {"rows": rows, "best_nodes": best, "K": K, "c": c,
             "v": {str(n): float(x) for n, x in v.items()} if isinstance(v, dict) else None}
 
 
@@ -50,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--dtype", default="bfloat16", help="the benchmark's dtype (v and c are measured in it)")
     ap.add_argument("--nodes", type=int, nargs="+", default=list(BUDGETS))
-    ap.add_argument("--k", type=int, default=5, help="tree depth (draft steps)")
+    ap.add_argument("--K", type=int, default=5, help="draft tokens per step: the tree's depth")
     ap.add_argument("--questions", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    add_renamed_flags(ap, "k")  # --k: an error naming --K
     args = ap.parse_args(argv)
 
     def run() -> dict:
@@ -67,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
         v = verify_cost(model, ns=tuple(sorted({1, *[n + 1 for n in args.nodes]})))
         # c: the head's draft time per step over AR's time per token, from one interleaved bench round
-        res = bench(model, tok, prompts[:2], ["ar", f"eagle:k={args.k}"], max_new_tokens=32, repeats=1, v=v)
-        c = res[f"eagle:k={args.k}"]["c"]
-        out = budget_rows(model, tok, prompts, v, c, tuple(args.nodes), args.k, max_new_tokens=args.max_new_tokens)
+        res = bench(model, tok, prompts[:2], ["ar", f"eagle:K={args.K}"], max_new_tokens=32, repeats=1, v=v)
+        c = res[f"eagle:K={args.K}"]["c"]
+        out = budget_rows(model, tok, prompts, v, c, tuple(args.nodes), args.K, max_new_tokens=args.max_new_tokens)
         out |= {"model": args.model, "dtype": args.dtype, "questions": args.questions}
         if args.json:
             write_result(Path(args.json).stem, out, command_line("eagle-budget", argv), out_dir=Path(args.json).parent)

@@ -13,7 +13,7 @@ after a verification). `propose` feeds them in one chunk, then drafts, appending
 crops the cache back to the committed inputs, since a drafted position was fed the head's own predicted
 feature, and the verify forward has just computed the real one.
 
-Chain (tree="chain"): k tokens, each from the head's q (argmax when greedy, a sample when sampling: the
+Chain (tree="chain"): K tokens, each from the head's q (argmax when greedy, a sample when sampling: the
 engine's rejection rule then needs q). Dynamic tree (tree="dynamic", EAGLE-2): the root's top-`branch` tokens
 are depth 0; at every next depth the `branch` frontier nodes of highest cumulative draft log-probability are
 expanded together (one head step with a tree mask), each adding its top-`branch` children; then all candidates
@@ -26,7 +26,7 @@ Prompt-lookup branch (lookup=True, dynamic tree only): the tokens that followed 
 context's suffix (methods/pld.py) are merged into the same tree: the copy follows the tree's nodes while their
 tokens agree and continues as a chain of new nodes where it leaves them. Siblings stay distinct tokens, every
 node is still a point mass, so verification is unchanged and lossless; the copy costs no head step, only up
-to k more nodes in the verify forward.
+to K more nodes in the verify forward.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.core.checks import check_choice, check_int
+from dvi_lite.core.checks import check_choice, check_int, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner, chain_mask
@@ -52,7 +52,7 @@ class EagleDrafter(Drafter):
     and depth and the accepted count."""
     name = "eagle"
 
-    def __init__(self, runner: Runner, head: EagleHead, k: int = 5, tree: str = "dynamic",
+    def __init__(self, runner: Runner, head: EagleHead, K: int = 5, tree: str = "dynamic",
                  branch: int | None = None, max_nodes: int | None = None, lookup: bool = False):
         if not isinstance(head, EagleHead):
             raise ValueError(f"head must be an EagleHead, a path or None, got {type(head).__name__}")
@@ -60,10 +60,10 @@ class EagleDrafter(Drafter):
             raise ValueError("this EAGLE head was built for another model; train one for this model with "
                              "`python -m dvi_lite eagle-train`")
         self.runner, self.head = runner, head
-        self.k = check_int("k (draft depth)", k, 1)
+        self.K = check_int("K (draft tokens per step; a tree's depth)", K, 1)
         self.tree = check_choice("tree", tree, TREES)
         if self.tree == "chain" and (branch is not None or max_nodes is not None):
-            raise ValueError("branch and max_nodes apply to tree='dynamic' only (tree='chain' drafts k tokens)")
+            raise ValueError("branch and max_nodes apply to tree='dynamic' only (tree='chain' drafts K tokens)")
         self.branch = check_int("branch (children per expanded node)", DEFAULT_BRANCH if branch is None else branch, 1)
         self.max_nodes = check_int("max_nodes (nodes verified)",
                                    DEFAULT_MAX_NODES if max_nodes is None else max_nodes, 1)
@@ -71,9 +71,9 @@ class EagleDrafter(Drafter):
             raise ValueError(f"lookup must be True or False, got {lookup!r}")
         if lookup and self.tree == "chain":
             raise ValueError("lookup merges a prompt-lookup branch into the tree: use it with tree='dynamic'")
-        self.lookup = PromptLookupDrafter(self.k, max_ngram=3) if lookup else None
+        self.lookup = PromptLookupDrafter(self.K, max_ngram=3) if lookup else None
         # the target cache room of one proposal: the tree, and the copy's new nodes
-        self.max_draft = self.k if self.tree == "chain" else self.max_nodes + (self.k if lookup else 0)
+        self.max_draft = self.K if self.tree == "chain" else self.max_nodes + (self.K if lookup else 0)
         self.capture_layers = tuple(sorted(set(head.layers)))
         self.log: list[dict] = []
 
@@ -83,7 +83,7 @@ class EagleDrafter(Drafter):
     # ------------------------------------------------------------------ the head's cache and unseen inputs
 
     def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:
-        room = self.k * max(self.branch, 1) + 2  # draft positions a proposal appends before feedback crops them
+        room = self.K * max(self.branch, 1) + 2  # draft positions a proposal appends before feedback crops them
         self.cache = KVCache.for_model(self.runner.model, state.cache.max_len + room, n_layers=1)
         self.todo_f = [self._fused(state.prefill_hidden)]  # (1, T, D): F_0 .. F_{T-1}
         self.todo_t = prompt[0, 1:].tolist() + [state.pending]  # x_1 .. x_T (x_T = pending)
@@ -110,7 +110,7 @@ class EagleDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
-        depth = min(self.k, state.remaining - 1)  # tokens after the pending one still wanted
+        depth = min(self.K, state.remaining - 1)  # tokens after the pending one still wanted
         dev = state.device
         self.base = len(self.cache)
         if depth <= 0:
@@ -141,7 +141,7 @@ class EagleDrafter(Drafter):
                         capture=prop.capture)
 
     def _chain(self, state: DecodeState, g: torch.Tensor, logits: torch.Tensor, depth: int) -> Proposal:
-        """k tokens in a row: q = the head's law through the sampler (one-hot when greedy)."""
+        """K tokens in a row: q = the head's law through the sampler (one-hot when greedy)."""
         head, dev, greedy = self.head, state.device, state.sampler.greedy
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
@@ -220,12 +220,13 @@ class EagleDrafter(Drafter):
         self.log.append({"drafted": len(prop), "accepted": outcome.n_accepted})
 
 
-def make_drafter(model, tokenizer, head=None, k: int = 5, tree: str = "dynamic", branch: int | None = None,
-                 max_nodes: int | None = None, lookup: bool = False) -> EagleDrafter:
+def make_drafter(model, tokenizer, head=None, K: int = 5, tree: str = "dynamic", branch: int | None = None,
+                 max_nodes: int | None = None, lookup: bool = False, **old) -> EagleDrafter:
     """EAGLE: a head (None: this model's committed head; or an EagleHead or its file) drafts from the target's fused
-    features: tree='chain' (k tokens) or 'dynamic' (EAGLE-2: depth k, `branch` expanded per depth and children per
+    features: tree='chain' (K tokens) or 'dynamic' (EAGLE-2: depth K, `branch` expanded per depth and children per
     node, the best `max_nodes` verified; lookup: a prompt-lookup copy merged into the tree). Lossless under greedy
     and sampling."""
+    reject_renamed(old, "eagle.make_drafter")
     if head is None or isinstance(head, (str, Path)):
         head = load_head(model, head)
-    return EagleDrafter(Runner.for_model(model), head, k, tree, branch, max_nodes, lookup)
+    return EagleDrafter(Runner.for_model(model), head, K, tree, branch, max_nodes, lookup)

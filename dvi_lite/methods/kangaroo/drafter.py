@@ -25,7 +25,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
-from dvi_lite.core.checks import check_split
+from dvi_lite.core.checks import check_split, reject_renamed
 from dvi_lite.core.engine import DecodeState, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache, kv_shape
 from dvi_lite.core.runner import Runner, chain_mask
@@ -120,9 +120,9 @@ def _load_adapter(model, split: int, path: Path) -> KangarooAdapter:
 class KangarooDrafter(EarlyExitDrafter):
     name = "kangaroo"
 
-    def __init__(self, runner: Runner, adapter: KangarooAdapter, k: int = 6, threshold: float | None = 0.6,
+    def __init__(self, runner: Runner, adapter: KangarooAdapter, K: int = 6, threshold: float | None = 0.6,
                  branch: int = 1, vocab: TrimmedHead | None = None):
-        super().__init__(runner, adapter.split, k, threshold, branch, vocab)
+        super().__init__(runner, adapter.split, K, threshold, branch, vocab)
         self.adapter = adapter
         self.capture_layer = adapter.split
 
@@ -157,9 +157,10 @@ class KangarooDrafter(EarlyExitDrafter):
             self.todo = [outcome.split_hidden[:, committed[j:]]]
 
 
-def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, threshold: float | None = 0.6,
-                 adapter: KangarooAdapter | str | Path | None = None, branch: int = 1, vocab=None) -> KangarooDrafter:
-    """Kangaroo: exit at layer `split`, adapter + shared head drafts, stop below top-1 prob `threshold`;
+def make_drafter(model, tokenizer, split: int | None = None, K: int = 6, threshold: float | None = 0.6,
+                 adapter: KangarooAdapter | str | Path | None = None, branch: int = 1, vocab=None,
+                 **old) -> KangarooDrafter:
+    """Kangaroo: exit at layer `split`, adapter + shared head draft up to K tokens, stop below top-1 prob `threshold`;
     branch > 1 adds the next top-(branch-1) tokens at each step as tree leaves (one verify pass).
 
     split=None: a given adapter object's own exit layer, else core.checks.default_split. vocab: a trimmed
@@ -167,6 +168,7 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
     trained through (its card's "vocab_n": this model's top-N map, or the full vocabulary); "full" = the full
     vocabulary whatever the adapter was trained through.
     """
+    reject_renamed(old, "kangaroo.make_drafter")
     r = Runner.for_model(model)
     if split is None:
         split = adapter.split if isinstance(adapter, KangarooAdapter) else default_split_for(model)
@@ -179,4 +181,4 @@ def make_drafter(model, tokenizer, split: int | None = None, k: int = 6, thresho
         adapter = load_adapter(model, split, adapter)
     elif adapter.split != split:
         raise ValueError(f"split {split}: the given Kangaroo adapter was trained for exit layer {adapter.split}")
-    return KangarooDrafter(r, adapter, k, threshold, branch, resolve_vocab(model, tokenizer, vocab))
+    return KangarooDrafter(r, adapter, K, threshold, branch, resolve_vocab(model, tokenizer, vocab))

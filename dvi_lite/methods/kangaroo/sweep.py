@@ -134,7 +134,7 @@ def predict(rows: list[dict], c: float, v: dict, etas=ETAS, k_max: int = 6) -> l
         rp = replay(rows, eta, k_max)
         if rp["tau"] is None:
             continue
-        out.append({"eta": eta, "k": k_max, "tau": rp["tau"], "drafted_per_step": rp["drafted"],
+        out.append({"eta": eta, "K": k_max, "tau": rp["tau"], "drafted_per_step": rp["drafted"],
                     "steps": rp["steps"], "predicted_speedup": cost.predicted_speedup(rp["tau"], rp["drafted"], c, v)})
     return out
 
@@ -187,7 +187,7 @@ def bench_rows(bench: dict, target: float = 1.3) -> list[dict]:
         opts = dict(p.split("=", 1) for p in label.split(":")[1:])
         d = r.get("drafted_per_step")
         rows.append({"label": label, "eta": None if opts.get("threshold", "0.6").lower() == "none"
-                     else float(opts.get("threshold", 0.6)), "k": int(opts.get("k", 6)),
+                     else float(opts.get("threshold", 0.6)), "K": int(opts.get("K", opts.get("k", 6))),
                      **{key: r.get(key) for key in ("tau", "alpha", "tokens_per_s", "speedup_vs_ar", "c",
                                                     "drafted_per_step", "predicted_speedup",
                                                     "measured_over_predicted", "same_tokens_as_ar")},

@@ -21,7 +21,7 @@ RESULT = "16_medusa_smollm2"
 PROG = "python -m dvi_lite.methods.medusa.ablation"
 TARGET = 1.3  # issue 16: medusa >= 1.3x AR
 TREES = {  # label -> the bench's method spec (trees.py's builders; sparse ones from the heads' accuracies)
-    "cartesian_k3b2": "medusa:tree=cartesian:k=3:branch=2",
+    "cartesian_k3b2": "medusa:tree=cartesian:K=3:branch=2",
     "pruned16": "medusa:tree=pruned:max_nodes=16",
     "sparse16": "medusa:tree=sparse:max_nodes=16",
     "sparse8": "medusa:tree=sparse:max_nodes=8",

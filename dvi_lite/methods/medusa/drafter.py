@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from dvi_lite.core.checks import check_choice, check_int, check_prob, check_real
+from dvi_lite.core.checks import check_choice, check_int, check_prob, check_real, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner, tree_depths
 from dvi_lite.methods.medusa.heads import TRAIN_COMMAND, MedusaHeads, load_heads
@@ -68,7 +68,7 @@ def _static(paths: list[Path_], device) -> _Static:
 class MedusaDrafter(Drafter):
     """Heads on the state that predicted the pending token -> a candidate tree -> one verify pass.
 
-    k: heads used (draft tokens along a path; None = every head); branch: candidates per head.
+    K: heads used (draft tokens along a path; None = every head); branch: candidates per head.
     acceptance: "exact" (lossless) or "typical" (Medusa's lossy rule when sampling, with typical_epsilon
     and typical_delta; typical.py). The runner's attention backend ("sdpa" or "triton") verifies the trees.
     log: one dict per step (tree_size, depth, accepted, head_accepted[d] = depth d accepted, ranks of
@@ -76,7 +76,7 @@ class MedusaDrafter(Drafter):
     """
     name = "medusa"
 
-    def __init__(self, runner: Runner, heads: MedusaHeads, k: int | None = None, branch: int = 4,
+    def __init__(self, runner: Runner, heads: MedusaHeads, K: int | None = None, branch: int = 4,
                  tree: str | Sequence[Sequence[int]] = "pruned", threshold: float | None = None,
                  max_nodes: int | None = None, prune: str = "confidence",
                  accuracies: Sequence[Sequence[float]] | None = None, acceptance: str = "exact",
@@ -90,13 +90,13 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"heads must be MedusaHeads, a path or None, got {type(heads).__name__}")
         if heads.model_fingerprint != fingerprint(runner.model):
             raise ValueError("these Medusa heads were built for another model; train heads for this one")
-        k = heads.num_heads if k is None else k
-        validate_tree_args(k, branch)
-        if k > heads.num_heads:
-            raise ValueError(f"k={k} but the heads have only {heads.num_heads}")
+        K = heads.num_heads if K is None else K
+        validate_tree_args(K, branch)
+        if K > heads.num_heads:
+            raise ValueError(f"K={K} but the heads have only {heads.num_heads}")
         if branch > heads.vocab_size:
             raise ValueError(f"branch={branch} exceeds the vocabulary ({heads.vocab_size} tokens)")
-        self.k, self.branch, self.prune = k, branch, prune
+        self.K, self.branch, self.prune = K, branch, prune
         self.threshold = None if threshold is None else check_prob("threshold", threshold)
         if max_nodes is not None:
             check_int("max_nodes", max_nodes, 1, what="node budget")
@@ -114,10 +114,10 @@ class MedusaDrafter(Drafter):
                 raise ValueError(f"prune must be one of {PRUNE_MODES}, got {prune!r}")
             if max_nodes is None and self.threshold is None:
                 self.max_nodes = DEFAULT_MAX_NODES
-            if self.max_nodes is None and cartesian_size(k, branch) > MAX_TREE_NODES:
-                raise ValueError(f"tree='pruned' with k={k}, branch={branch} may exceed "
+            if self.max_nodes is None and cartesian_size(K, branch) > MAX_TREE_NODES:
+                raise ValueError(f"tree='pruned' with K={K}, branch={branch} may exceed "
                                  f"{MAX_TREE_NODES} nodes: give max_nodes")
-            self.max_draft = self.max_nodes or cartesian_size(k, branch)
+            self.max_draft = self.max_nodes or cartesian_size(K, branch)
         else:
             self.max_draft = len(self.static.paths)  # cache room the engine reserves for one proposal
         self.log: list[dict] = []
@@ -126,19 +126,19 @@ class MedusaDrafter(Drafter):
 
     def _build_static(self, tree, accuracies) -> _Static | None:
         """The fixed node list of a cartesian, custom or sparse tree (None for a pruned one)."""
-        k, branch, dev = self.k, self.branch, self.runner.device
+        K, branch, dev = self.K, self.branch, self.runner.device
         if self.tree == "cartesian":
-            return _static(cartesian_paths(k, branch), dev)
+            return _static(cartesian_paths(K, branch), dev)
         if self.tree == "custom":
-            return _static(check_paths(tree, k, branch), dev)
+            return _static(check_paths(tree, K, branch), dev)
         if self.tree == "sparse":
             acc = accuracies if accuracies is not None else self.heads.accuracies
             if acc is None:
-                raise ValueError("tree='sparse' needs measured per-rank head accuracies: pass accuracies=(k, branch) "
+                raise ValueError("tree='sparse' needs measured per-rank head accuracies: pass accuracies=(K, branch) "
                                  f"or use heads trained by `{TRAIN_COMMAND}` (it stores them)")
-            acc = [list(r)[:branch] for r in list(acc)[:k]]
-            if len(acc) < k or any(len(r) < branch for r in acc):
-                raise ValueError(f"accuracies cover fewer than k={k} heads x branch={branch} ranks")
+            acc = [list(r)[:branch] for r in list(acc)[:K]]
+            if len(acc) < K or any(len(r) < branch for r in acc):
+                raise ValueError(f"accuracies cover fewer than K={K} heads x branch={branch} ranks")
             return _static(sparse_tree(acc, self.max_nodes or DEFAULT_MAX_NODES), dev)
         return None
 
@@ -155,7 +155,7 @@ class MedusaDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
-        depth = min(self.k, state.remaining - 1)  # tokens after the pending one still wanted
+        depth = min(self.K, state.remaining - 1)  # tokens after the pending one still wanted
         dev = state.device
         if depth <= 0:
             self._tree = None
@@ -187,10 +187,10 @@ class MedusaDrafter(Drafter):
                          "ranks": [tree.paths[i][-1] for i in outcome.path] if tree is not None else []})
 
     def summary(self) -> dict:
-        return medusa_summary(self.log, self.k, self.branch)
+        return medusa_summary(self.log, self.K, self.branch)
 
 
-def medusa_summary(log: list[dict], k: int, branch: int) -> dict:
+def medusa_summary(log: list[dict], K: int, branch: int) -> dict:
     """Aggregates of MedusaDrafter.log: mean tree size, tau, per-head acceptance, rank hits.
 
     head_acceptance[d]: P(depth d accepted | the tree reached depth d): what head d contributes.
@@ -199,10 +199,10 @@ def medusa_summary(log: list[dict], k: int, branch: int) -> dict:
     (divide by steps to get the per-rank accuracies a sparse tree is built from).
     """
     steps = len(log)
-    reached = [sum(1 for s in log if s["depth"] > d) for d in range(k)]
-    acc = [sum(1 for s in log if s["accepted"] > d) for d in range(k)]
-    prev = [sum(1 for s in log if s["depth"] > d and s["accepted"] >= d) for d in range(k)]
-    hits = [[0] * branch for _ in range(k)]
+    reached = [sum(1 for s in log if s["depth"] > d) for d in range(K)]
+    acc = [sum(1 for s in log if s["accepted"] > d) for d in range(K)]
+    prev = [sum(1 for s in log if s["depth"] > d and s["accepted"] >= d) for d in range(K)]
+    hits = [[0] * branch for _ in range(K)]
     for s in log:
         for d, r in enumerate(s["ranks"]):
             hits[d][r] += 1
@@ -214,10 +214,11 @@ def medusa_summary(log: list[dict], k: int, branch: int) -> dict:
             "rank_hits": hits}
 
 
-def make_drafter(model, tokenizer, heads=None, k: int | None = None, branch: int = 4, tree="pruned",
+def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int = 4, tree="pruned",
                  threshold: float | None = None, max_nodes: int | None = None, prune: str = "confidence",
                  accuracies=None, attention: str = "sdpa", acceptance: str = "exact",
-                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA) -> MedusaDrafter:
+                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA,
+                 **old) -> MedusaDrafter:
     """Medusa heads (None: this model's committed heads) draft a tree of each head's top-`branch` tokens.
 
     tree: 'cartesian' (all combinations), 'pruned' (the best max_nodes by path probability, optional
@@ -227,7 +228,8 @@ def make_drafter(model, tokenizer, heads=None, k: int | None = None, branch: int
     acceptance='typical' is Medusa's lossy rule when sampling. (`branch` is the heads' candidate count;
     generate()'s own top_k is the sampler's.)
     """
+    reject_renamed(old, "medusa.make_drafter")
     if heads is None or isinstance(heads, (str, Path)):
         heads = load_heads(model, heads)
-    return MedusaDrafter(Runner.for_model(model, attention), heads, k, branch, tree, threshold, max_nodes, prune,
+    return MedusaDrafter(Runner.for_model(model, attention), heads, K, branch, tree, threshold, max_nodes, prune,
                          accuracies, acceptance, typical_epsilon, typical_delta)

@@ -7,7 +7,7 @@ entropy-scaled confidence, under a node budget) and `sparse_tree` (a fixed tree 
 measured per-rank head accuracies: Medusa's `medusa_choices`). Node lists are sorted by (depth, ranks),
 so parents come first, as the engine's `Proposal.parents` convention needs.
 
-Names: `k` = heads used = draft tokens along a path (the tree's depth); `branch` = candidates per head.
+Names: `K` = heads used = draft tokens along a path (the tree's depth); `branch` = candidates per head.
 """
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ def max_depth(parents: torch.Tensor) -> int:
     return int(tree_depths(parents).max()) + 1 if parents.numel() else 0
 
 
-def validate_tree_args(k, branch) -> tuple[int, int]:
+def validate_tree_args(K, branch) -> tuple[int, int]:
     """Clear errors for the two numbers every tree needs (naming the parameter)."""
-    check_int("k", k, 1, what="heads used: draft tokens along a path")
+    check_int("K", K, 1, what="heads used: draft tokens along a path")
     check_int("branch", branch, 1, what="candidates per head")
-    return k, branch
+    return K, branch
 
 
-def cartesian_size(k: int, branch: int) -> int:
-    """branch + branch^2 + ... + branch^k nodes."""
-    return sum(branch ** d for d in range(1, k + 1))
+def cartesian_size(K: int, branch: int) -> int:
+    """branch + branch^2 + ... + branch^K nodes."""
+    return sum(branch ** d for d in range(1, K + 1))
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,11 @@ class CandidateTree:
         return max_depth(self.parents)
 
 
-def check_paths(paths: Sequence[Sequence[int]], k: int | None = None, branch: int | None = None) -> list[Path_]:
+def check_paths(paths: Sequence[Sequence[int]], K: int | None = None, branch: int | None = None) -> list[Path_]:
     """A node list (Medusa's medusa_choices) as sorted tuples, or a ValueError naming `tree`.
 
     Every node's prefix must be a node too (else it would have no parent), ranks in [0, branch),
-    depth <= k, no duplicates. Sorted by (depth, ranks): parents come first.
+    depth <= K, no duplicates. Sorted by (depth, ranks): parents come first.
     """
     try:
         out = [tuple(int(r) for r in p) for p in paths]
@@ -97,23 +97,23 @@ def check_paths(paths: Sequence[Sequence[int]], k: int | None = None, branch: in
             raise ValueError("tree paths must be non-empty (the pending token is the implicit root)")
         if min(p) < 0 or (branch is not None and max(p) >= branch):
             raise ValueError(f"tree path {p} has a rank outside [0, branch={branch})")
-        if k is not None and len(p) > k:
-            raise ValueError(f"tree path {p} is deeper than k={k}")
+        if K is not None and len(p) > K:
+            raise ValueError(f"tree path {p} is deeper than K={K}")
         if len(p) > 1 and p[:-1] not in seen:
             raise ValueError(f"tree path {p} has no parent {p[:-1]} in the tree")
     return sorted(out, key=lambda p: (len(p), p))
 
 
-def cartesian_paths(k: int, branch: int) -> list[Path_]:
-    """Every rank path of length 1..k: the full Cartesian product, sorted (depth, ranks)."""
-    validate_tree_args(k, branch)
-    n = cartesian_size(k, branch)
+def cartesian_paths(K: int, branch: int) -> list[Path_]:
+    """Every rank path of length 1..K: the full Cartesian product, sorted (depth, ranks)."""
+    validate_tree_args(K, branch)
+    n = cartesian_size(K, branch)
     if n > MAX_TREE_NODES:
-        raise ValueError(f"a cartesian tree with k={k}, branch={branch} has {n} nodes > "
+        raise ValueError(f"a cartesian tree with K={K}, branch={branch} has {n} nodes > "
                          f"{MAX_TREE_NODES}; lower branch or use tree='pruned' / 'sparse' with max_nodes")
     level: list[Path_] = [()]
     out: list[Path_] = []
-    for _ in range(k):
+    for _ in range(K):
         level = [p + (r,) for p in level for r in range(branch)]
         out += level
     return out
@@ -123,7 +123,7 @@ def best_first_paths(scores: Sequence[Sequence[float]], node_thresholds: Sequenc
                      path_threshold: float | None = None, max_nodes: int | None = None) -> list[Path_]:
     """The best nodes by path score = prod_d scores[d][r_d], in (depth, ranks) order.
 
-    scores (k, branch): per-depth, per-rank probabilities (or accuracies), all in [0, 1].
+    scores (K, branch): per-depth, per-rank probabilities (or accuracies), all in [0, 1].
     A node is eligible when its own score >= node_thresholds[d] and its path score >= path_threshold,
     and its parent is kept. Best-first search from the root keeps the max_nodes best eligible nodes:
     path scores never increase along a path, so that set is closed under ancestors (a valid tree) and
@@ -172,7 +172,7 @@ def path_parents(paths: Sequence[Path_], device=None) -> torch.Tensor:
 
 def tree_from_paths(paths: Sequence[Path_], top_tokens: torch.Tensor,
                     top_probs: torch.Tensor | None = None) -> CandidateTree:
-    """Tokens and parents of the nodes `paths` (sorted, parents first) given the heads' top lists (k, branch)."""
+    """Tokens and parents of the nodes `paths` (sorted, parents first) given the heads' top lists (K, branch)."""
     dev = top_tokens.device
     parents = path_parents(paths, dev)
     depth = tree_depths(parents).long()  # (N,): node i's token comes from head depth[i] (long even if empty)
@@ -185,10 +185,10 @@ def tree_from_paths(paths: Sequence[Path_], top_tokens: torch.Tensor,
 
 def cartesian_tree(top_tokens: torch.Tensor, top_probs: torch.Tensor, branch: int) -> CandidateTree:
     """Every combination of the heads' top-branch tokens, depth = number of heads (rows of top_tokens)."""
-    k = top_tokens.shape[0]
-    validate_tree_args(k, branch)
+    K = top_tokens.shape[0]
+    validate_tree_args(K, branch)
     _check_topk(top_tokens, top_probs, branch)
-    return tree_from_paths(cartesian_paths(k, branch), top_tokens, top_probs)
+    return tree_from_paths(cartesian_paths(K, branch), top_tokens, top_probs)
 
 
 def pruned_tree(top_tokens: torch.Tensor, top_probs: torch.Tensor, threshold: float | None = None,
@@ -201,8 +201,8 @@ def pruned_tree(top_tokens: torch.Tensor, top_probs: torch.Tensor, threshold: fl
     mode "entropy":    confidence with a per-head threshold min(threshold, alpha exp(-entropy_d));
     then keep the max_nodes best by path probability. A pruned node takes its subtree with it.
     """
-    k, branch = top_tokens.shape
-    validate_tree_args(k, branch)
+    K, branch = top_tokens.shape
+    validate_tree_args(K, branch)
     _check_topk(top_tokens, top_probs, branch)
     if mode not in PRUNE_MODES:
         raise ValueError(f"mode (prune) must be one of {PRUNE_MODES}, got {mode!r}")
@@ -210,15 +210,15 @@ def pruned_tree(top_tokens: torch.Tensor, top_probs: torch.Tensor, threshold: fl
     if threshold is not None:
         check_prob("threshold", threshold)
         if mode == "confidence":
-            node_thr = [threshold] * k
+            node_thr = [threshold] * K
         elif mode == "path":
             path_thr = threshold
         else:
             if entropy is None:
                 raise ValueError("mode='entropy' needs the heads' entropies (entropy=...)")
             node_thr = entropy_thresholds(entropy, threshold, alpha)
-    if max_nodes is None and threshold is None and cartesian_size(k, branch) > MAX_TREE_NODES:
-        raise ValueError(f"an unpruned tree of k={k}, branch={branch} exceeds {MAX_TREE_NODES} "
+    if max_nodes is None and threshold is None and cartesian_size(K, branch) > MAX_TREE_NODES:
+        raise ValueError(f"an unpruned tree of K={K}, branch={branch} exceeds {MAX_TREE_NODES} "
                          "nodes: give max_nodes or a threshold")
     paths = best_first_paths(top_probs.tolist(), node_thr, path_thr, max_nodes)
     return tree_from_paths(paths, top_tokens, top_probs)
@@ -227,7 +227,7 @@ def pruned_tree(top_tokens: torch.Tensor, top_probs: torch.Tensor, threshold: fl
 def sparse_tree(accuracies: Sequence[Sequence[float]] | torch.Tensor, budget: int) -> list[Path_]:
     """A fixed tree of `budget` nodes maximising the expected accepted length (Medusa's medusa_choices).
 
-    accuracies (k, branch): accuracies[d][r] = P(head d's rank-r token is the token the target accepts
+    accuracies (K, branch): accuracies[d][r] = P(head d's rank-r token is the token the target accepts
     at depth d), measured by medusa.train.head_accuracy. Assuming heads are right independently, node
     (r_0..r_d) lies on the accepted path with probability prod_j accuracies[j][r_j], and since nodes of
     one depth are mutually exclusive, E[accepted length] = the sum of those over the tree. Adding the
@@ -235,7 +235,7 @@ def sparse_tree(accuracies: Sequence[Sequence[float]] | torch.Tensor, budget: in
     """
     acc = accuracies.tolist() if isinstance(accuracies, torch.Tensor) else [list(r) for r in accuracies]
     if not acc or not all(len(r) == len(acc[0]) and r for r in acc):
-        raise ValueError(f"accuracies must be a non-empty (k, branch) table, got {accuracies!r}")
+        raise ValueError(f"accuracies must be a non-empty (K, branch) table, got {accuracies!r}")
     if any(not 0.0 <= float(a) <= 1.0 for r in acc for a in r):
         raise ValueError("accuracies must be probabilities in [0, 1]")
     check_int("budget (max_nodes)", budget, 1)
@@ -249,14 +249,14 @@ def expected_accept_length(paths: Sequence[Path_], accuracies: Sequence[Sequence
 
 def _check_topk(top_tokens: torch.Tensor, top_probs: torch.Tensor, branch: int) -> None:
     if top_tokens.ndim != 2 or top_probs.shape != top_tokens.shape:
-        raise ValueError(f"top_tokens and top_probs must both be (k, branch), got {tuple(top_tokens.shape)} "
+        raise ValueError(f"top_tokens and top_probs must both be (K, branch), got {tuple(top_tokens.shape)} "
                          f"and {tuple(top_probs.shape)}")
     if top_tokens.shape[1] != branch:
         raise ValueError(f"branch={branch} but the top lists have {top_tokens.shape[1]} entries")
 
 
 def head_topk(logits: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Heads' logits (k, V) -> (top tokens (k, branch), their probabilities (k, branch), entropies (k,)), T = 1."""
+    """Heads' logits (K, V) -> (top tokens (K, branch), their probabilities (K, branch), entropies (K,)), T = 1."""
     logp = logits.float().log_softmax(-1)
     probs = logp.exp()
     ent = -(probs * logp).nan_to_num().sum(-1)  # 0 * log 0 = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dvi_lite.core.checks import check_int
+from dvi_lite.core.checks import check_int, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.sps.draft import added_values, resolve_draft
@@ -18,10 +18,10 @@ from dvi_lite.methods.sps.draft import added_values, resolve_draft
 class DraftModelDrafter(Drafter):
     name = "sps"
 
-    def __init__(self, draft_model, k: int = 4, target=None):
+    def __init__(self, draft_model, K: int = 4, target=None):
         self.runner = Runner.for_model(draft_model)
-        self.k = check_int("k (draft length)", k, 1)
-        self.max_draft = self.k
+        self.K = check_int("K (draft tokens per step)", K, 1)
+        self.max_draft = self.K
         self._added = added_values(target, draft_model) if target is not None else None
 
     def extra_params(self) -> int:
@@ -37,7 +37,7 @@ class DraftModelDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
-        k = max(1, min(self.k, state.remaining - 1))  # no point drafting past the end
+        k = max(1, min(self.K, state.remaining - 1))  # no point drafting past the end
         self.base = len(self.cache)
         self.n_todo = len(self.todo)
         inp = torch.tensor([self.todo], device=state.device)
@@ -64,7 +64,8 @@ class DraftModelDrafter(Drafter):
         self.todo = ([int(outcome.proposal.tokens[-1])] if n == k else []) + [outcome.next_token]
 
 
-def make_drafter(model, tokenizer, draft_model=None, k: int = 4) -> Drafter:
+def make_drafter(model, tokenizer, draft_model=None, K: int = 4, **old) -> Drafter:
     """Speculative sampling with a separate small draft model (default: this model's committed draft,
-    `draft.default_draft_path`)."""
-    return DraftModelDrafter(resolve_draft(model, draft_model), k, target=model)
+    `draft.default_draft_path`), K draft tokens per step."""
+    reject_renamed(old, "sps.make_drafter")
+    return DraftModelDrafter(resolve_draft(model, draft_model), K, target=model)
