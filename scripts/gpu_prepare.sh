@@ -79,6 +79,7 @@ run_capped "distill-data" "$GEN_SECONDS" $PY -m dvi_lite distill-data --model sm
   --tokens "$GEN_TOKENS" --gen-batch "$GEN_BATCH" --shard-prompts "$SHARD_PROMPTS" --record "$RECORD"
 SET=$($PY -c "from dvi_lite.models.loading import load_model; from dvi_lite.models.distill_data import distill_dir
 print(distill_dir(load_model('smollm2', dtype='float32', device='cpu')[0]))" 2>/dev/null | tail -1)
+SET=${SET#"$PWD"/}  # relative to the repository root: the pieces' cards name it as it is typed
 echo "states set: $SET"
 new=$(comm -13 "$OUT/.record_before" <(ls "$RECORD"))
 cp "$SET/card.json" "$RECORD/states_card.json" 2>/dev/null

@@ -55,19 +55,3 @@ def test_scaling_report_reads_every_card_format_and_the_bench(tmp_path, capsys):
     with pytest.raises(SystemExit):  # no piece with a curve and a bench row: a clear usage error
         scaling.main(["--bench", str(path), "--pieces", str(tmp_path / "sps")])
     assert "no piece in" in capsys.readouterr().err
-
-
-def test_rows_missing_from_the_first_bench_come_from_the_next(tmp_path):
-    import json
-
-    (tmp_path / "eagle").mkdir()
-    (tmp_path / "eagle" / "card.json").write_text(json.dumps({"curve": [
-        {"tokens_seen": t, "val_agreement": 0.1 + 0.05 * math.log2(t / 1e5)} for t in (1e5, 2e5, 4e5)]}))
-    v = {"1": 1.0, "2": 1.05, "5": 1.1, "9": 1.2}
-    first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps({"verify_cost": v, "methods": {"sps": {"c": 0.1}}}))
-    second.write_text(json.dumps({"verify_cost": v, "methods": {"eagle:tree=chain": {"c": 0.05}}}))
-    out = tmp_path / "r.json"
-    assert scaling.main(["--bench", str(first), str(second), "--pieces", str(tmp_path), "--json", str(out)]) == 0
-    rep = json.loads(out.read_text())
-    assert rep["pieces"]["eagle"]["measured"]["c"] == 0.05 and rep["bench"] == [str(first), str(second)]

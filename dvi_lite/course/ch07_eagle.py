@@ -23,9 +23,7 @@ import html as _html
 import json
 from pathlib import Path
 
-import torch
-
-from dvi_lite.core.engine import start, step
+from dvi_lite.core.engine import decode
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.registry import get_method
 from dvi_lite.core.runner import Runner
@@ -104,20 +102,23 @@ def curve_figure(rows: list[dict], title: str = "EAGLE head: held-out agreement 
     return fig
 
 
-@torch.no_grad()
 def tree_steps(model, tok, prompt, max_new_tokens: int = 32, seed: int = 0, **options) -> list[dict]:
-    """Greedy EAGLE decoding of `prompt`, keeping every step's proposal: its tokens and parents (-1: child of the
-    pending token), the accepted path and the target's own next token. options: eagle's (tree, lookup, ...)."""
+    """Greedy EAGLE decoding of `prompt` by the one loop (core.engine.decode), keeping every step's proposal as the
+    drafter's feedback receives it: its tokens and parents (-1: child of the pending token), the accepted path and
+    the target's own next token. options: eagle's (tree, lookup, ...)."""
     drafter = get_method("eagle").build(model, tok, **options)
-    runner = Runner.for_model(model)
-    state = start(runner, drafter, prompt_ids(tok, prompt), max_new_tokens, Sampler(), make_generator(seed))
-    steps = []
-    while state.remaining > 0 and state.pending != tok.eos_token_id:
-        out, _ = step(state, drafter, tok.eos_token_id)
+    steps, feedback = [], drafter.feedback
+
+    def record(state, out) -> None:
         prop = out.proposal
         steps.append({"tokens": prop.tokens.tolist(),
                       "parents": prop.parents.tolist() if prop.parents is not None else list(range(-1, len(prop) - 1)),
                       "path": list(out.path), "next_token": out.next_token})
+        feedback(state, out)
+
+    drafter.feedback = record  # the engine calls it once per step, after verification
+    decode(Runner.for_model(model), drafter, prompt_ids(tok, prompt), max_new_tokens, Sampler(), make_generator(seed),
+           tok.eos_token_id)
     return steps
 
 

@@ -323,14 +323,14 @@ def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, comm
     if cfg.states:
         folder.mkdir(parents=True, exist_ok=True)
         build_corpus_shard(model, tok, cfg, folder)
-    train = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))
-    passages = pool.Passages.from_corpus("train")
     metas = {m["shard"]: m for where in (record, folder if cfg.states else None) if where and where.is_dir()
              for m in done_shards(where)}
+    if only is not None:  # no generation: the prompt pools are not needed
+        return states_of(model, cfg, folder, record, metas, only, command)
+    train = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))
+    passages = pool.Passages.from_corpus("train")
     seen = {pool.normalise(r["text"]) for m in metas.values() for r in m["rows"]}
     have = sum(m["answer_tokens"] for m in metas.values())
-    if only is not None:
-        return states_of(model, cfg, folder, record, metas, only, command)
     bar = tqdm(total=cfg.tokens, initial=min(have, cfg.tokens), unit="tok", unit_scale=True, desc="answer tokens",
                smoothing=0.05)
     i, done = 0, 0

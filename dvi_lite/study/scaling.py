@@ -149,18 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     from dvi_lite.cli import command_line, prog
 
     ap = argparse.ArgumentParser(prog=prog("scaling"), description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", required=True, nargs="+",
-                    help="bench results files with the pieces' rows (their c; the first file holding a row wins) and "
-                    "v(n) (the first file's)")
+    ap.add_argument("--bench", required=True, help="a bench results file with the pieces' rows (their c) and v(n)")
     ap.add_argument("--pieces", default="data/smollm2", help="the folder holding the pieces' cards")
     ap.add_argument("--speedups", type=float, nargs="+", default=[1.3, 2.0])
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args(argv)
-    benches = [json.loads(Path(b).read_text()) for b in args.bench]
-    bench = {**benches[0], "methods": {k: v for b in reversed(benches) for k, v in b["methods"].items()}}
+    bench = json.loads(Path(args.bench).read_text())
     rep = scaling_report(args.pieces, bench, tuple(args.speedups))
     if not rep:
-        ap.error(f"no piece in {args.pieces} has both a learning curve and a row in {' '.join(args.bench)}")
+        ap.error(f"no piece in {args.pieces} has both a learning curve and a row in {args.bench}")
     for name, r in rep.items():
         last = r["curve"][-1]
         for t in r["targets"]:
