@@ -23,6 +23,8 @@ import html as _html
 import json
 from pathlib import Path
 
+import torch
+
 from dvi_lite.core.engine import decode
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.registry import get_method
