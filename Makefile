@@ -80,10 +80,10 @@ reproduce: setup ## Execute all notebooks in full mode into build/ and regenerat
 learner: setup ## Run every notebook in learner mode (what Run All does) into build/, and time each
 	$(PY) -m dvi_lite reproduce --learner
 
-# The study alone (notebook 06 in full mode): every method on SmolLM2 in bf16, Spec-Bench dev questions, greedy and
-# T = 1, one interleaved run, into results/06_results.json, then the README results section.
-study: setup ## Run the study alone (notebook 06, full mode: every method on SmolLM2 bf16, greedy and T=1)
-	$(PY) -m dvi_lite reproduce --only 06
+# The study alone (notebook 08 in full mode): every method on SmolLM2 in bf16, Spec-Bench dev questions, greedy and
+# T = 1, one interleaved run, into results/08_results.json, then the README results section.
+study: setup ## Run the study alone (notebook 08, full mode: every method on SmolLM2 bf16, greedy and T=1)
+	$(PY) -m dvi_lite reproduce --only 08
 	$(PY) -m dvi_lite report
 
 lab: setup ## Open JupyterLab on notebooks/

@@ -73,7 +73,7 @@ def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
 
     prepare(other_model, PrepareConfig.smoke())
     out = tmp_path / "06.ipynb"
-    pm.execute_notebook(str(NOTEBOOKS_DIR / "06_results.ipynb"), str(out), kernel_name="python3",
+    pm.execute_notebook(str(NOTEBOOKS_DIR / "08_results.ipynb"), str(out), kernel_name="python3",
                         parameters={"MODE": "smoke", "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR),
                         progress_bar=False)
     done = nbformat.read(out, as_version=4)

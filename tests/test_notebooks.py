@@ -16,7 +16,8 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
 def test_notebook_source(nb: Path):
-    """A papermill parameters cell whose MODE is the learner default, no algorithm defined inline, invariants last."""
+    """A papermill parameters cell whose MODE is the learner default, no algorithm defined inline, and the
+    reproducibility machinery in one labelled cell: it writes the results and asserts the invariants."""
     doc = nbformat.read(nb, as_version=4)
     code = [c for c in doc.cells if c.cell_type == "code"]
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
@@ -24,7 +25,10 @@ def test_notebook_source(nb: Path):
     after = [c for c in code[code.index(params[0]) + 1:] if "injected-parameters" not in c.metadata.get("tags", [])]
     assert "SMOKE, FULL = check_mode(MODE)" in after[0].source, "the cell after the parameters checks MODE"
     assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines())
-    assert "check_invariants(" in doc.cells[-1].source, "the last cell asserts the notebook's invariants"
+    repro = [i for i, c in enumerate(doc.cells) if c.cell_type == "code" and "check_invariants(" in c.source]
+    assert len(repro) == 1, "one cell asserts the notebook's invariants"
+    assert "write_result(" in doc.cells[repro[0]].source, "the same cell writes the run's results"
+    assert doc.cells[repro[0] - 1].cell_type == "markdown" and "Reproducibility" in doc.cells[repro[0] - 1].source
 
 
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
@@ -49,7 +53,7 @@ def test_committed_outputs_come_from_a_full_run_of_this_source(nb: Path):
 
 
 def test_check_bench_rejects_what_a_table_must_not_hold():
-    """The notebooks' last cells stop a run on a missing method or a meaningless number."""
+    """The notebooks' reproducibility cells stop a run on a missing method or a meaningless number."""
     from dvi_lite.study.table import check_bench
 
     row = {"tokens_per_s": 50.0, "speedup_vs_ar": 1.0, "tau": None, "alpha": None}

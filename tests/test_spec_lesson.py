@@ -56,6 +56,9 @@ def test_expected_tokens_hand_values():
     assert sl.expected_tokens(0.8, 2) == pytest.approx(1 + 0.8 + 0.64)
     curve = sl.formula_curve(0.8, 0.2, [1, 2, 3])
     assert curve["speedup"][0] == pytest.approx(1.8 / 1.2)
+    priced = sl.formula_curve(0.8, 0.2, [1, 2, 3], v={1: 1.0, 2: 1.1, 3: 1.2, 5: 1.3})  # the measured v(K+1)
+    assert priced["speedup"][0] == pytest.approx(1.8 / (1.1 + 0.2))
+    assert priced["speedup"][1] == pytest.approx((1 + 0.8 + 0.64) / (1.2 + 0.4))
 
 
 def test_position_stats():
@@ -96,12 +99,13 @@ def test_k_sweep_rows(target, draft, tok, prompts):
     assert set(METHODS) == before  # the sweep's variants are bench labels ("sps:K=3"), never new methods
     assert [r["K"] for r in rows] == [1, 3]
     keys = {"K", "alpha", "alpha_hat", "tau", "expected_tokens", "tokens_per_s", "speedup_vs_ar", "c",
-            "predicted_speedup", "measured_over_predicted", "position_acceptance", "position_survival"}
+            "predicted_speedup", "measured_over_predicted", "position_acceptance", "position_survival", "v"}
     for r in rows:
         assert keys <= set(r)
         assert len(r["position_acceptance"]) == r["K"]
         assert 1.0 <= r["tau"] <= r["K"] + 1
     assert rows[0]["alpha"] == pytest.approx(rows[0]["alpha_hat"])  # K = 1: the two estimates agree
+    assert rows[0]["v"] == rows[1]["v"] and rows[0]["v"][1] == pytest.approx(1.0)  # one table, v(1) = 1
 
 
 def test_parity_table_fp32_exact(target, tok, prompts):

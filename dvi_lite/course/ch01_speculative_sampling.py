@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chai
 from dvi_lite.course.ch01_parity import parity_study
 from dvi_lite.methods.sps import resolve_draft
 from dvi_lite.study.bench import bench, leviathan_speedup
+from dvi_lite.study.cost import predicted_speedup
 from dvi_lite.study.table import check_bench, finite, require
 
 P_MIN = 1e-3  # a chi-square p-value below this rejects "distributed as p" (the tests' threshold)
@@ -122,14 +124,16 @@ def expected_tokens(alpha: float, K: int) -> float:
     return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
 
 
-def formula_curve(alpha: float, c: float, ks: list[int]) -> dict[str, list[float]]:
-    """Predicted tokens per step and speedup (bench.leviathan_speedup: v(n) = 1) for each K, and the best K.
+def formula_curve(alpha: float, c: float, ks: list[int], v: Mapping | None = None) -> dict[str, list[float]]:
+    """Predicted tokens per step and speedup for each K, and the best K: tau(K) / (v(K+1) + K c) with the measured
+    verify-cost table v {n: v(n)} (study.cost), or Leviathan et al.'s v = 1 (bench.leviathan_speedup) when v is None.
 
     tau saturates at 1 / (1 - alpha) while the drafting cost K c grows linearly: the optimum is interior.
     """
-    speed = [leviathan_speedup(alpha, k, c) for k in ks]
+    speed = [leviathan_speedup(alpha, k, c) if v is None else predicted_speedup(expected_tokens(alpha, k), k, c, v)
+             for k in ks]
     return {"K": list(ks), "tokens": [expected_tokens(alpha, k) for k in ks], "speedup": speed,
-            "alpha": alpha, "c": c, "best_K": list(ks)[speed.index(max(speed))]}
+            "alpha": alpha, "c": c, "v": None if v is None else dict(v), "best_K": list(ks)[speed.index(max(speed))]}
 
 # --------------------------------------------------------------------------- the course model
 
@@ -232,26 +236,29 @@ def k_sweep(model, tok, prompts: list, ks: list[int], max_new_tokens: int = 64, 
     """Speedup vs draft length K: AR and sps for every K in ONE interleaved bench, one row per K.
 
     Each row: measured alpha (bench's accepted/drafted), alpha_hat (per position), tau, tokens/s,
-    speedup vs AR, c (draft cost ratio), the formula's predicted speedup from alpha_hat and c (we do
-    not reuse bench's, which plugs accepted/drafted into the formula and so under-predicts for K > 1),
-    and acceptance per draft position.
+    speedup vs AR, c (draft cost ratio), the formula's predicted speedup tau(alpha_hat) / (v(K+1) + K c) with the
+    v(n) this bench measured in its rounds (`v`, the same table in every row; we do not reuse bench's prediction,
+    which plugs accepted/drafted into the formula and so under-predicts for K > 1), and acceptance per draft
+    position.
     """
     ks = [_check_k(k) for k in ks]
     labels = [f"sps:K={k}" for k in ks]  # bench labels: one row per K, the same draft model for all
     logs: dict[str, list] = {}  # label -> (depth, accepted) per step of every timed round
+    calib: dict = {}  # the v(n) table the bench measured inside its rounds
     res = bench(model, tok, _records(prompts), ["ar", *labels], max_new_tokens, repeats, temperature, top_p, seed,
-                {"sps": {"draft_model": resolve_draft(model, draft_model)}}, logs=logs)
+                {"sps": {"draft_model": resolve_draft(model, draft_model)}}, logs=logs, calibration=calib)
     rows = []
     for k, label in zip(ks, labels, strict=True):
         r, pos = res[label], position_stats(logs[label], k)
         a = pos["alpha_hat"] if pos["alpha_hat"] is not None else 0.0
-        pred = leviathan_speedup(a, k, r["c"]) if r.get("c") is not None else None
+        pred = predicted_speedup(expected_tokens(a, k), k, r["c"], calib["v"]) if r.get("c") is not None else None
         rows.append({"K": k, "alpha": r["alpha"], "alpha_hat": pos["alpha_hat"], "tau": r["tau"],
                      "expected_tokens": expected_tokens(a, k), "tokens_per_s": r["tokens_per_s"],
                      "ar_tokens_per_s": res["ar"]["tokens_per_s"], "speedup_vs_ar": r["speedup_vs_ar"],
                      "c": r.get("c"), "predicted_speedup": pred,
                      "measured_over_predicted": r["speedup_vs_ar"] / pred if pred else None,
-                     "position_acceptance": pos["conditional"], "position_survival": pos["survival"]})
+                     "position_acceptance": pos["conditional"], "position_survival": pos["survival"],
+                     "v": dict(calib["v"])})
     return rows
 
 

@@ -147,3 +147,43 @@ def ablation_figure(res: dict):
     fig.update_layout(title=f"DVI ablation on {res.get('model')} ({res.get('dtype')}), exit layer "
                             f"{res['recipe']['split']}, the same stream for every arm", title_y=0.97)
     return legend_below(fig)
+
+
+PAPER_ABLATION = "27_dvi_paper_ablation.json"  # results/: the paper's recipe (KL warm start, then online), 3 seeds
+PHASES = {"start": "untrained", "warm": "after the KL warm start", "online": "after the online phase"}
+
+
+def paper_ablation_rows(res: dict) -> list[dict]:
+    """One row per arm of the paper-recipe ablation (`python -m dvi_lite dvi --ablation --seeds ...`): held-out
+    top-1 agreement after the warm start and after the online phase (mean over seeds), the final agreement's and
+    held-out τ's mean with its 95% interval over seeds, and the arm's rank."""
+    rows = []
+    for arm, runs in res["runs"].items():
+        by_phase = {ph: [next(c["agree"] for c in r["curve"] if c["phase"] == ph) for r in runs.values()]
+                    for ph in ("warm", "online")}
+        s = res["summary"][arm]
+        rows.append({"arm": ARM_NAMES.get(arm, arm), "seeds": len(runs),
+                     "agree_after_warm": sum(by_phase["warm"]) / len(runs),
+                     "agree_final": s["agree"]["mean"], "agree_final_ci95": s["agree"]["ci95"],
+                     "tau": s["tau"]["mean"], "tau_ci95": s["tau"]["ci95"],
+                     "rank": res["ranking"].index(arm) + 1 if arm in res["ranking"] else None})
+    return rows
+
+
+def paper_ablation_figure(res: dict):
+    """Held-out top-1 agreement of each arm's head at the three checkpoints (untrained, after the KL warm start,
+    after the online phase), one line per seed in the arm's colour: where each objective takes the head."""
+    import plotly.graph_objects as go
+
+    from dvi_lite.course.plots import legend_below, series_color
+
+    fig = go.Figure()
+    for i, (arm, runs) in enumerate(res["runs"].items()):
+        name = ARM_NAMES.get(arm, arm)
+        for j, (seed, r) in enumerate(runs.items()):
+            fig.add_scatter(x=[PHASES[c["phase"]] for c in r["curve"]], y=[c["agree"] for c in r["curve"]],
+                            mode="lines+markers", line_color=series_color(i), name=name, legendgroup=name,
+                            showlegend=j == 0, hovertext=f"seed {seed}")
+    fig.update_layout(title=f"DVI as the paper trains it: held-out top-1 agreement per arm ({len(res['seeds'])} seeds)",
+                      yaxis_title="held-out top-1 agreement", xaxis_title="checkpoint")
+    return legend_below(fig)

@@ -4,6 +4,10 @@ HTML uses include_plotlyjs="directory": one plotly.min.js beside the figures ins
 inlined per file, and no CDN (which fails offline). PNG needs kaleido + a Chromium
 (`apt-get install chromium`); without one we say so once and keep the HTML.
 
+Every figure uses the "dvi_lite" template (`use_slim_template`): plotly's default look without the 3-D, polar, map
+and ternary defaults no figure here draws, which are 5 of the 7 KB plotly stores in every saved figure. With
+about a hundred figures in the committed notebooks and figures/, that is half a MB of the tracked tree.
+
 `method_color` gives every method one colour, shared by every figure. `notebook_renderer` makes `fig.show()`
 emit JupyterLab's native plotly output plus a static PNG (so a code host, which cannot run plotly, shows the
 PNG); `make reproduce` turns it on through DVI_PLOTLY_RENDERER for the notebooks it commits.
@@ -24,9 +28,24 @@ _warned = False
 # one colour per method (a variant "kangaroo:branch=2" takes its method's), shared by every figure
 METHOD_COLORS = {"ar": "#6c757d", "hf": "#adb5bd", "hf_assisted": "#f4a261", "sps": "#e76f51", "pld": "#8ab17d",
                  "hf_pld": "#b5d99c", "early_exit": "#a8dadc", "kangaroo": "#2a9d8f", "draft_verify": "#264653",
-                 "medusa": "#9b5de5", "dvi": "#e63946"}
+                 "medusa": "#9b5de5", "dvi": "#e63946", "eagle": "#ff9f1c"}
 RENDERER_ENV = "DVI_PLOTLY_RENDERER"  # e.g. "plotly_mimetype+png": set by `make reproduce`
 PNG_SIZE = {"width": 900, "height": 500, "scale": 1}  # the PNG fallback embedded in committed notebooks
+SLIM_SKIPS = ("polar", "ternary", "scene", "geo")  # template layout parts no figure here uses
+SLIM_TRACES = ("scatter", "bar", "heatmap", "histogram", "box")  # trace types whose template defaults are kept
+
+
+def use_slim_template() -> str:
+    """Register plotly's default template, trimmed to what these figures use, as "dvi_lite" and make it the default."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    base = pio.templates["plotly"]
+    layout = {k: v for k, v in base.layout.to_plotly_json().items() if k not in SLIM_SKIPS}
+    data = {k: v for k, v in base.data.to_plotly_json().items() if k in SLIM_TRACES}
+    pio.templates["dvi_lite"] = go.layout.Template(layout=layout, data=data)
+    pio.templates.default = "dvi_lite"
+    return "dvi_lite"
 
 
 def method_color(label: str) -> str:
@@ -68,7 +87,7 @@ def save_figure(fig, name: str, smoke: bool = False, png: bool = True) -> list[P
         try:
             # plotly's default export is 700 px wide, which clips a long title: use the notebooks' PNG width
             fig.write_image(out / f"{name}.png", width=fig.layout.width or PNG_SIZE["width"],
-                            height=fig.layout.height or PNG_SIZE["height"], scale=1.5)
+                            height=fig.layout.height or PNG_SIZE["height"], scale=PNG_SIZE["scale"])
             shrink_file(out / f"{name}.png")
             paths.append(out / f"{name}.png")
         except Exception as e:  # kaleido/chromium trouble must not lose the HTML figure
@@ -98,4 +117,5 @@ def series_color(i: int) -> str:
     return seq[i % len(seq)]
 
 
-notebook_renderer()  # every notebook imports this module, so `make reproduce` reaches each kernel here
+use_slim_template()  # every notebook imports this module, so every figure a notebook draws uses it
+notebook_renderer()  # ... and `make reproduce` reaches each kernel here

@@ -2,7 +2,7 @@
 
 A markdown cell states a measured number only with a tag right after it (invisible once rendered):
 
-    Prompt lookup gains 1.33×<!--r 06_results:study.greedy.pld.speedup_vs_ar--> over AR.
+    Prompt lookup gains 1.33×<!--r 08_results:study.greedy.pld.speedup_vs_ar--> over AR.
 
 `r FILE:KEY.PATH` names `results/FILE.json` and a dotted key path (list items by index); the number must equal
 the JSON value rounded to the decimals written (a `%` multiplies the value by 100 first). A paper's claim is

@@ -267,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
                     help="JSONL: ours ('prompt': a raw continuation) or Spec-Bench's ('turns': the first turn is a "
                     "user message through the chat template; with a tokenizer that has no chat template, e.g. the "
                     "course model's, the turn is used as a raw string prompt). Default: data/spec_bench/"
-                    "question_dev.jsonl for a model with a chat template, else data/prompts/heldout.jsonl")
+                    "question_dev.jsonl.xz for a model with a chat template, else data/prompts/heldout.jsonl")
     ap.add_argument("--n-prompts", type=int, default=20, help="use N prompts, spread over the task groups")
     ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
                     help="2: time Spec-Bench's second turn, asked after the model's own first answer (greedy AR, "

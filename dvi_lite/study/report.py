@@ -43,7 +43,7 @@ def _x(r: dict, key: str = "speedup_vs_ar") -> str:
 
 
 def render_study(body: dict) -> list[str]:
-    """The study's table (notebook 06): every method, greedy and sampling, x AR per task group, the papers
+    """The study's table (notebook 08): every method, greedy and sampling, x AR per task group, the papers
     beside ours, SpS's best K and the course model's contrast."""
     study, mem = body["study"], body.get("memory", {})
     # held = weights + extra parameters + KV cache (an accounting, comparable on CPU); peak = measured (CUDA)
@@ -59,7 +59,7 @@ def render_study(body: dict) -> list[str]:
             "× AR greedy (90% CI)" if pairs else "× AR greedy",
             *(["× AR end to end"] if pairs else []), *(f"× AR {n}" for n in names), "τ", "α", "c", "predicted",
             "meas/pred", "distinct", "extra params", "held MB", *(["peak MB"] if peak else [])]
-    out = [f"**The study (06_results)** · {body.get('model', 'course model')} · {prov.get('device', '?')} · commit "
+    out = [f"**The study (08_results)** · {body.get('model', 'course model')} · {prov.get('device', '?')} · commit "
            f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')} · {s.get('n_prompts', '?')} held-out "
            f"prompts × {s.get('max_new_tokens', '?')} tokens, {how}\n",
            "| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]

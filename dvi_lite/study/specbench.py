@@ -15,12 +15,13 @@ messages for Spec-Bench's.
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 from typing import Any
 
 from dvi_lite.paths import DATA_DIR
 
-SPEC_BENCH_DEV = DATA_DIR / "spec_bench" / "question_dev.jsonl"
+SPEC_BENCH_DEV = DATA_DIR / "spec_bench" / "question_dev.jsonl.xz"  # xz: a third of the bytes in the tracked tree
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 GROUPS = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's order
 
@@ -59,7 +60,7 @@ def parse_line(obj: Any, lineno: int) -> dict:
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """Every prompt of a JSONL file, in file order; blank lines are skipped.
+    """Every prompt of a JSONL file (or an xz-compressed one, `.jsonl.xz`), in file order; blank lines are skipped.
 
     A malformed line raises a ValueError naming the file and the line number.
     """
@@ -67,7 +68,8 @@ def read_prompts(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
     out = []
-    with open(path, encoding="utf-8") as f:
+    opener = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

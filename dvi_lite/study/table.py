@@ -102,12 +102,14 @@ def memory(model, method: str, options: dict, positions: int) -> dict:
 
 def run_study(model, tok, prompts: list[dict], methods: list[str], settings: list[dict], max_new_tokens: int,
               repeats: int, seed: int = 0, options: dict | None = None) -> dict[str, dict]:
-    """One interleaved bench per sampling setting ({"name", "temperature", "top_p", "repeats"?})."""
+    """One paired, interleaved bench per sampling setting ({"name", "temperature", "top_p"?, "repeats"?,
+    "greedy_only"?: methods left out when sampling, "n_prompts"?: the first n prompts only})."""
     options = options or method_options()
     out = {}
     for s in settings:
         ms = [m for m in methods if s["temperature"] == 0 or m not in s.get("greedy_only", ())]
-        out[s["name"]] = bench(model, tok, prompts, ms, max_new_tokens, s.get("repeats", repeats),
+        ps = prompts[: s["n_prompts"]] if s.get("n_prompts") else prompts
+        out[s["name"]] = bench(model, tok, ps, ms, max_new_tokens, s.get("repeats", repeats),
                                s["temperature"], s.get("top_p", 1.0), seed, options)
     return out
 
@@ -205,7 +207,7 @@ def check_bench(res: dict, methods, what: str = "bench") -> str:
 
 
 def check_invariants(runs: dict[str, dict], methods: list[str], settings: list[dict], mem: dict) -> list[str]:
-    """Notebook 06's claims: every setting's table has every method it benched, with meaningful numbers
+    """Notebook 08's claims: every setting's table has every method it benched, with meaningful numbers
     (tokens/s > 0, tau >= 1 where defined), and the memory accounting is non-negative."""
     out = []
     for s in settings:

@@ -78,12 +78,11 @@ def answer_spans(data, tok) -> tuple[list[int], list[tuple[int, int]]]:
     no own answers (a model without a chat template, e.g. the course model's corpus-only teacher): every
     row, scored at every position."""
     from dvi_lite.core.generate import prompt_ids
-    from dvi_lite.paths import DATA_DIR
-    from dvi_lite.study.specbench import read_prompts
+    from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts
 
     ids = data.card.get("questions") or []
     keep = int(data.card.get("config", {}).get("prompt_tokens", 320))
-    recs = {r["id"]: r for r in read_prompts(DATA_DIR / "spec_bench" / "question_dev.jsonl")}
+    recs = {r["id"]: r for r in read_prompts(SPEC_BENCH_DEV)}
     lens = data.mask.sum(1).tolist()
     if not ids:
         return [i for i in range(len(lens)) if lens[i] > 1], [(0, n - 1) for n in lens if n > 1]
