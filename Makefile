@@ -70,7 +70,10 @@ test-browser: setup ## Browser tests in headless Chromium (JupyterLab runs noteb
 book: setup ## Build the static HTML book from the committed notebooks into build/book/
 	$(PY) -m dvi_lite book
 
-reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results
+reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results (apt-installs chromium if missing: the committed notebooks carry PNG fallbacks)
+	@if [ ! -x /usr/bin/chromium ]; then \
+		apt-get update -q && apt-get install -y -q chromium; \
+	fi
 	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc

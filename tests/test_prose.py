@@ -27,6 +27,9 @@ def test_the_checker_catches_stale_untagged_and_misquoted_numbers(tmp_path: Path
     assert [p.text.split()[0] for p in untagged] == ["\\approx", "1.6×", "about"]
     assert prose.check_markdown("**1.68×**<!--paper kangaroo-->") == []
     assert len(prose.check_markdown("**1.70×**<!--paper kangaroo-->")) == 1
+    (tmp_path / "y.json").write_text(json.dumps({"v": {"SmolLM2 · bfloat16": {"9": 1.2134}}}))
+    assert prose.check_markdown("v(9) = 1.21<!--r y:v.SmolLM2 · bfloat16.9-->", results_dir=tmp_path) == []  # spaces
+    assert len(prose.check_markdown("v(9) = 1.25<!--r y:v.SmolLM2 · bfloat16.9-->", results_dir=tmp_path)) == 1
     missing = prose.check_markdown("1.0×<!--r nope:a.b-->", results_dir=tmp_path)
     assert len(missing) == 1 and "FILE:KEY.PATH" in missing[0].why
 

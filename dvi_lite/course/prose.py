@@ -4,7 +4,8 @@ A markdown cell states a measured number only with a tag right after it (invisib
 
     Prompt lookup gains 1.33×<!--r 08_results:study.greedy.pld.speedup_vs_ar--> over AR.
 
-`r FILE:KEY.PATH` names `results/FILE.json` and a dotted key path (list items by index); the number must equal
+`r FILE:KEY.PATH` names `results/FILE.json` and a dotted key path (list items by index; a key may hold spaces, as
+"SmolLM2 · bfloat16" does); the number must equal
 the JSON value rounded to the decimals written (a `%` multiplies the value by 100 first). A paper's claim is
 tagged `<!--paper METHOD-->` and must appear in `study.table.PAPERS[METHOD]["claim"]`.
 An untagged number that reads as a measurement fails: a speedup (`1.2×`), an approximation (`≈ 0.3`,
@@ -27,7 +28,7 @@ from dvi_lite.paths import ROOT
 
 RESULTS = ROOT / "results"
 NUM = r"[-−]?\d+(?:\.\d+)?"
-TAG = re.compile(rf"(?P<num>{NUM})(?P<unit>\s*(?:×|%)?)[*_]*\s*<!--\s*(?P<kind>r|paper)\s+(?P<ref>\S+)\s*-->")
+TAG = re.compile(rf"(?P<num>{NUM})(?P<unit>\s*(?:×|%)?)[*_]*\s*<!--\s*(?P<kind>r|paper)\s+(?P<ref>[^>]*?)\s*-->")
 # what reads as a measured number when it stands untagged
 MEASURED = re.compile(
     rf"(?P<speedup>{NUM}\s*×)"

@@ -126,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke and args.learner:
         ap.error("--smoke and --learner: choose one mode")
     mode = "smoke" if args.smoke else "learner" if args.learner else "full"
+    if mode == "full" and not args.model:
+        from dvi_lite.course.plots import browser_available
+
+        if not browser_available():  # the committed notebooks need their PNG fallbacks (tests/test_notebooks.py)
+            ap.error("a full run writes the committed notebooks, whose figures need a PNG fallback, and kaleido needs "
+                     "Chromium: apt-get install chromium (make reproduce installs it when it is missing)")
     progress = _progress() if args.resume else {}
     times, resumed = {}, []
     for i, nb in enumerate(nbs):
