@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 
 import pytest
 import torch
@@ -24,13 +25,12 @@ STUB_ARGS = {  # one valid call per stub
     "acceptance_from_tv": (P, Q),
     "verify_sampling_chain": (torch.tensor([1]), Q[None], torch.stack([P, P])),
     "broken_threshold_verify": (torch.tensor([1]), Q[None], torch.stack([P, P]), 0.2),
-    "best_k": (0.7, 0.1, {1: 1.0, 3: 1.2}, (1, 2, 3)),
     "drafted_length": ([0.9, 0.4, 0.8], 0.5, 3),
     "adaptive_gamma_step": (0.8, 0.0, 1, 2),
     "tree_attention_mask": ([-1, 0, 0], 2),
     "kl_weight": (3, 40.0, 0.05),
     "floor_step": (40.0, 0.05),
-    "pays_off": (0.7, 0.1, {1: 1.0, 3: 1.2}),
+    "paired_speedup": ([[20.0, 30.0]], [[10.0, 20.0]]),
     "roofline_time": (269e6, 270e6, 11.5, 100.0),
     "soft_ce": (torch.zeros(2, 3), torch.tensor([[0, 1], [1, 2]]), torch.zeros(2, 2)),
     "trim_targets": (torch.tensor([[0, 2]]), torch.zeros(1, 2), torch.tensor([0, -1, 1])),
@@ -264,12 +264,6 @@ WRONG = {
         "the lossless rule": lambda d, q, p, t, g=None: verify_sampling_chain(d, q, p, g),
         "threshold on q": lambda d, q, p, t, g=None: _threshold_on_q(d, q, p, t, g),
     },
-    "best_k": {
-        "Leviathan's v = 1": lambda a, c, v, ks: solutions.best_k(a, c, {1: 1.0}, ks),
-        "v(K) not v(K+1)": lambda a, c, v, ks: max(ks, key=lambda k: expected_tokens(a, k) / (v_of(v, k) + k * c)),
-        "ties to the largest K": lambda a, c, v, ks: max(sorted(ks, reverse=True),
-                                                         key=lambda k: expected_tokens(a, k) / _cost(v, k, c)),
-    },
     "drafted_length": {
         "drops the low-confidence token": lambda cs, eta, k: _drafted(cs, eta, k, keep_last=False),
         "stops at confidence == eta": lambda cs, eta, k: _drafted(cs, eta, k, strict=False),
@@ -346,13 +340,21 @@ WRONG = {
         "mean over padding too": lambda lq, ids, lp, m, d=0.8: solutions.ttt_step_loss(lq, ids, lp,
                                                                                    torch.ones_like(m), d),
     },
-    "pays_off": {
-        "Leviathan's v = 1": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, {1: 1.0, 2: 1.0}, ks),
-        "K = 1 only": lambda a, c, v, ks=range(1, 9): solutions.pays_off(a, c, v, (1,)),
-        ">= 1 instead of > 1": lambda a, c, v, ks=range(1, 9): any(
-            expected_tokens(a, k) / _cost(v, k, c) >= 1 for k in ks),
+    "paired_speedup": {
+        "ratio of round medians (unpaired)": lambda me, ar: statistics.median(
+            [statistics.median([x for x in r if x is not None]) / statistics.median(a)
+             for r, a in zip(me, ar, strict=True)]),
+        "mean over prompts": lambda me, ar: _per_prompt_mean(me, ar),
+        "ratio of pooled medians": lambda me, ar: statistics.median([x for r in me for x in r if x is not None])
+        / statistics.median([x for r in ar for x in r]),
     },
 }
+
+
+def _per_prompt_mean(me, ar):
+    per = [statistics.median([m[i] / a[i] for m, a in zip(me, ar, strict=True) if m[i] is not None])
+           for i in range(len(ar[0]))]
+    return sum(per) / len(per)
 
 
 def test_every_check_has_wrong_implementations():

@@ -61,6 +61,9 @@ def recipe_result(name: str) -> dict:
 
 
 def command_of(result: dict) -> str:
-    """The command that wrote a results file (its provenance), for the notebook to print."""
+    """The command that wrote a results file (its provenance), for the notebook to print: an absolute path outside
+    the repository (a scratch file the run wrote) reads <file>, so no machine's paths reach a learner."""
     prov = result.get("provenance") or {}
-    return prov.get("command", "?")
+    root = str(ROOT) + "/"
+    return " ".join(w.replace(root, "") if w.startswith(root) else "<file>" if w.startswith("/") else w
+                    for w in prov.get("command", "?").split())

@@ -17,7 +17,6 @@ EXERCISES: dict[str, list[tuple[str, str]]] = {
            ("acceptance_from_tv", "α as 1 − TV(p, q), shown equal to Σ min(p, q) and to a simulated rate"),
            ("verify_sampling_chain", "lossless speculative sampling of a K-token chain (accept, residual, bonus)"),
            ("broken_threshold_verify", "accept iff p(x) >= threshold, and watch the χ² test reject it"),
-           ("best_k", "the draft length K with the best predicted speedup τ / (v(K+1) + K·c)"),
            ("soft_ce", "the distillation loss of every trained draft: cross-entropy against the target's top-k")],
     "02": [("drafted_length", "tokens drafted under Kangaroo's second early exit (threshold η, cap K_max)"),
            ("trim_targets", "the target's top-k mapped into the trimmed draft head, off-map tokens masked")],
@@ -32,7 +31,7 @@ EXERCISES: dict[str, list[tuple[str, str]]] = {
            ("lookup_tau", "greedy prompt lookup's τ on a known answer, without running the model")],
     "07": [("ttt_mask", "the attention pattern of EAGLE-3's training-time test at unrolled step s"),
            ("ttt_step_loss", "the training-time-test loss: each step's shifted soft CE, weighted decay^s")],
-    "08": [("pays_off", "whether any K in 1..8 has predicted speedup > 1, from α, c and v(n)")],
+    "08": [("paired_speedup", "the study's headline: the median over prompts of per-prompt speed ratios to AR")],
 }
 
 

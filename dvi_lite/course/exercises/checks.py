@@ -244,22 +244,6 @@ def check_broken_threshold_verify(fn: Callable, threshold: float = 0.2, runs: in
            "Not lossless."
 
 
-def check_best_k(fn: Callable) -> str:
-    """Against the argmax of the package's predicted speedup over K (ties: the smallest K)."""
-    n = 0
-    # α = 0 on the flat table with c = 0: every K ties
-    for (name, v), alpha, c, ks in product(V_TABLES.items(), (0.0, 0.3, 0.6, 0.8, 0.95), (0.0, 0.05, 0.2),
-                                           ((1, 2, 3, 4, 5, 6, 7, 8), (2, 4, 8))):
-        speed = {k: _speedup(alpha, k, c, v) for k in ks}
-        want = max(ks, key=lambda k: (speed[k], -k))
-        label = f"best_k(alpha={alpha}, c={c}, v_table={name}, ks={ks})"
-        got = _call(fn, label, alpha, c, v, ks)
-        assert got == want, f"{label} = {got!r}, expected {want}: predicted speedups " \
-                            f"{ {k: round(s, 4) for k, s in speed.items()} } (τ(K) / (v(K+1) + K·c))"
-        n += 1
-    return f"ok: best K matches the package's predicted speedup on {n} cases"
-
-
 # --------------------------------------------------------------------------- 02 Kangaroo
 
 class _ScriptedDrafter(EarlyExitDrafter):
@@ -374,18 +358,32 @@ def check_floor_step(fn: Callable) -> str:
     return "ok: the floor step matches lambda_curve for 5 time constants × 8 floors"
 
 
-# --------------------------------------------------------------------------- 06 the study
+# --------------------------------------------------------------------------- 08 the study
 
-def check_pays_off(fn: Callable) -> str:
-    """Against the package's predicted speedup over K = 1..8 (and K = 1 alone), strictly above 1."""
-    seen = set()
-    for (name, v), alpha, c, ks in product(V_TABLES.items(), (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 0.95),
-                                           (0.0, 0.02, 0.1, 0.3, 0.6), ((1, 2, 3, 4, 5, 6, 7, 8), (1,))):
-        best = max(_speedup(alpha, k, c, v) for k in ks)
-        label = f"pays_off(alpha={alpha}, c={c}, v_table={name}, ks={ks})"
-        got = _call(fn, label, alpha, c, v, ks)
-        assert got == (best > 1), f"{label} = {got!r}, expected {best > 1}: the best predicted speedup " \
-                                  f"τ(K) / (v(K+1) + K·c) over ks is {best:.4f} (it must be > 1)"
-        seen.add(best > 1)
-    assert seen == {True, False}  # the grid has both answers
-    return f"ok: matches the package's predicted speedup on {len(V_TABLES)} v tables × 7 α × 5 c × 2 sets of K"
+def check_paired_speedup(fn: Callable) -> str:
+    """Against the bench's own pairing (study.paired.per_prompt_ratios, then the median over prompts), on seeded
+    rounds with a drifting machine and missing decode phases."""
+    import random
+    import statistics
+
+    from dvi_lite.study.paired import per_prompt_ratios
+
+    rng = random.Random(0)
+    for case in range(60):
+        n_rounds, n_prompts = rng.randint(1, 4), rng.randint(1, 9)
+        drift = [rng.uniform(0.7, 1.3) for _ in range(n_rounds)]  # the machine's speed in each round
+        base = [rng.uniform(10, 40) for _ in range(n_prompts)]
+        gain = [rng.uniform(0.6, 2.5) for _ in range(n_prompts)]
+        ar = [[base[i] * drift[r] * rng.uniform(0.97, 1.03) for i in range(n_prompts)] for r in range(n_rounds)]
+        me = [[base[i] * gain[i] * drift[r] * rng.uniform(0.97, 1.03) for i in range(n_prompts)]
+              for r in range(n_rounds)]
+        if case % 3 == 0 and n_prompts > 1:  # a run with no decode phase: that round of that prompt drops out
+            me[rng.randrange(n_rounds)][rng.randrange(n_prompts)] = None
+        wrap = lambda rounds: [[{"decode": x} for x in row] for row in rounds]  # noqa: E731
+        want = statistics.median([x for x in per_prompt_ratios(wrap(me), wrap(ar), "decode") if x is not None])
+        label = f"paired_speedup(case {case}: {n_rounds} rounds x {n_prompts} prompts)"
+        got = _call(fn, label, me, ar)
+        assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-9), \
+            f"{label} = {got!r}, expected {want:.6f}: per prompt the median over rounds of method / AR in the same " \
+            "round, then the median over prompts"
+    return "ok: matches the bench's paired speedup on 60 seeded cases (drifting rounds, missing decode phases)"

@@ -7,6 +7,7 @@ target forward, α acceptance rate, c draft cost per token, v(n) verify cost of 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -68,11 +69,6 @@ def broken_threshold_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     while n < draft.numel() and float(p[n, int(draft[n])]) >= threshold:
         n += 1
     return n, sample(p[n], gen)
-
-
-def best_k(alpha: float, c: float, v_table: Mapping[int, float], ks: Sequence[int]) -> int:
-    """argmax over K of τ(K) / (v(K+1) + K·c); max() keeps the first of equal keys, so sort K ascending."""
-    return max(sorted(ks), key=lambda k: expected_tokens(alpha, k) / (v_of(v_table, k + 1) + k * c))
 
 
 # --------------------------------------------------------------------------- 02 Kangaroo
@@ -143,13 +139,18 @@ def floor_step(T: float, floor: float) -> int | None:
     return t
 
 
-# --------------------------------------------------------------------------- 06 the study
+# --------------------------------------------------------------------------- 08 the study
 
 
-def pays_off(alpha: float, c: float, v_table: Mapping[int, float],
-             ks: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> bool:
-    """Speculation pays iff the best K beats AR: max_K τ(K) / (v(K+1) + K·c) > 1."""
-    return any(expected_tokens(alpha, k) / (v_of(v_table, k + 1) + k * c) > 1 for k in ks)
+def paired_speedup(method_rounds: Sequence[Sequence[float | None]], ar_rounds: Sequence[Sequence[float | None]]
+                   ) -> float:
+    """Per prompt the median over rounds of method / AR in the same round, then the median over prompts."""
+    per = []
+    for i in range(len(ar_rounds[0])):
+        ratios = [m[i] / a[i] for m, a in zip(method_rounds, ar_rounds, strict=True) if m[i] is not None and a[i]]
+        if ratios:
+            per.append(statistics.median(ratios))
+    return statistics.median(per)
 
 
 # --------------------------------------------------------------------------- what each draft is trained on

@@ -86,15 +86,6 @@ def broken_threshold_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     raise _todo("broken_threshold_verify")
 
 
-def best_k(alpha: float, c: float, v_table: Mapping[int, float], ks: Sequence[int]) -> int:
-    """The K among `ks` with the highest predicted speedup τ(K) / (v(K+1) + K·c) (ties: the smallest K).
-
-    τ(K) = (1 − α^{K+1}) / (1 − α); v(n) from the measured table (`dvi_lite.study.cost.v_of`).
-    Why: τ saturates at 1 / (1 − α) while the cost keeps growing with K, so the best K is interior.
-    """
-    raise _todo("best_k")
-
-
 # --------------------------------------------------------------------------- 02 Kangaroo
 
 def drafted_length(confidences: Sequence[float], eta: float | None, k_max: int) -> int:
@@ -153,12 +144,19 @@ def floor_step(T: float, floor: float) -> int | None:
     raise _todo("floor_step")
 
 
-# --------------------------------------------------------------------------- 06 the study
+# --------------------------------------------------------------------------- 08 the study
 
-def pays_off(alpha: float, c: float, v_table: Mapping[int, float],
-             ks: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> bool:
-    """Does speculation pay here: is the predicted speedup τ(K) / (v(K+1) + K·c) > 1 for some K in ks?"""
-    raise _todo("pays_off")
+def paired_speedup(method_rounds: Sequence[Sequence[float | None]], ar_rounds: Sequence[Sequence[float | None]]
+                   ) -> float:
+    """(08) The study's headline speedup of one method over AR, paired by prompt.
+
+    method_rounds[r][i] and ar_rounds[r][i] are the decode rates (tokens/s) of the method and of AR on prompt i in
+    round r, run back to back; None where a run had no decode phase. Per prompt, take the median over rounds of
+    method / AR in the same round (skip a round where either is None or AR's rate is 0), drop a prompt with no
+    ratio left, and return the median over prompts.
+    Why: the machine drifts between rounds; a ratio within a pair cancels it, a ratio of two round medians does not.
+    """
+    raise _todo("paired_speedup")
 
 
 # --------------------------------------------------------------------------- what each draft is trained on
