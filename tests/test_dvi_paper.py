@@ -144,6 +144,30 @@ def test_greedy_fp32_dvi_with_the_trained_head_equals_ar(course_model, run_once)
         dvi_lite.generate(model, tok, "x", method="dvi", state=out, vocab=list(range(64)), max_new_tokens=2)
 
 
+def test_compact_head_is_the_target_rows_plus_a_low_rank_change(course_model, run_once):
+    """A committed head may store U V instead of its rows: loading gives rows + U V, full rank gives the trained
+    head back, and greedy DVI with a truncated head still equals AR (any draft is verified)."""
+    model, tok = course_model
+    out, _ = run_once
+    pol = load_policy(model, out)
+    full = pol.head_delta(min(pol.head_weight.shape))
+    torch.testing.assert_close(pol.target_rows() + full["U"] @ full["V"], pol.head_weight.detach(),
+                               atol=1e-4, rtol=0)
+    st = pol.trainable_state()
+    del st["head_weight"]
+    st["head_delta"] = {k: x.half() for k, x in pol.head_delta(2).items()}
+    assert st["head_delta"]["U"].shape == (len(MAP), 2) and st["head_delta"]["V"].shape == (2, 256)
+    small = DVIPolicy(model, 2, CFG.lora_rank, CFG.lora_alpha, head="trained", head_ids=pol.head_ids)
+    small.load_trainable_state(st)
+    d = st["head_delta"]
+    torch.testing.assert_close(small.head_weight.detach(), pol.target_rows() + d["U"].float() @ d["V"].float())
+    ar = dvi_lite.generate(model, tok, "The river", max_new_tokens=12, stop_at_eos=False)
+    dv = dvi_lite.generate(model, tok, "The river", method="dvi", state=small, max_new_tokens=12, stop_at_eos=False)
+    assert dv.token_ids == ar.token_ids
+    with pytest.raises(ValueError, match="rank"):
+        pol.head_delta(0)
+
+
 def test_ablation_ranks_three_arms_over_three_seeds(built, tmp_path):
     model, tok, train, val = built
     recipe = dataclasses.replace(RECIPE, warm_tokens=64, max_new_tokens=6)
@@ -172,6 +196,8 @@ def test_ci95():
     (["--max-minutes", "nan"], "--max-minutes"),
     (["--head", "huge"], "--head"),
     (["--seeds", "0,0"], "--seeds"),
+    (["--head-rank", "0", "--save-dtype", "bfloat16"], "--head-rank"),
+    (["--head-rank", "8"], "--head-rank"),
 ])
 def test_cli_bad_values_are_one_line_usage_errors(argv, words, capsys):
     with pytest.raises(SystemExit) as e:

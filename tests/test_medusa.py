@@ -553,3 +553,22 @@ def test_loss_vocab_puts_the_teachers_own_tokens_first():
     data = TeacherData(torch.zeros(2, 4, dtype=torch.long), mask, {}, torch.zeros(2, 4, 1), top, top.half())
     assert loss_vocab(data, torch.tensor([0, 1]), torch.tensor([1, 3, 2, 0]), 5).tolist() == [5, 3, 7, 1, 2]
     assert loss_vocab(data, torch.tensor([0]), torch.tensor([1, 3, 2, 0]), 3).tolist() == [7, 3, 1]  # train rows only
+
+
+def test_sizing_grid_prices_heads_and_nodes():
+    """medusa-sizing's arithmetic: tau from the accuracies, cost v(N + 1) + H c_head, and the best row."""
+    from dvi_lite.methods.medusa.sizing import best, grid
+
+    acc = [[0.5, 0.2], [0.4, 0.1]]
+    v = {1: 1.0, 3: 1.0, 5: 2.0}
+    rows = grid(acc, v, c_head=0.1, budgets=(1, 2))
+    assert [(r["heads"], r["nodes"]) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    one = rows[0]
+    assert one["tau_model"] == 1.5 and one["cost"] == pytest.approx(1.1)
+    assert rows[1]["tau_model"] == pytest.approx(1.7)  # ranks 0 and 1 of head 0: exclusive events add
+    assert rows[3]["paths"] == [[0], [0, 0]] and rows[3]["tau_model"] == pytest.approx(1.7)  # 0.5 + 0.5 * 0.4
+    assert best(rows) == max(rows, key=lambda r: r["predicted_speedup"])
+    with pytest.raises(ValueError, match="c_head"):
+        grid(acc, v, c_head=-1.0)
+    with pytest.raises(ValueError, match="rows"):
+        best([])

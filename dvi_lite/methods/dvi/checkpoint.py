@@ -125,17 +125,21 @@ class Checkpointing:
         vocab = getattr(self, "vocab", None)
         return None if vocab is None else len(vocab)
 
-    def save_policy(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    def save_policy(self, path: str | Path, dtype: torch.dtype | None = None, head_rank: int | None = None) -> Path:
         """policy.pt in a dir: what method="dvi" loads (split, model fingerprint, lora_S + head, lora_D; a trained
         head's rows and their token ids, "head_ids").
 
         dtype: store the head's tensors in it (e.g. torch.bfloat16 for a committed file; None = as trained,
         float32); loading copies them into the policy's float32 parameters. "vocab" records the trimmed head
-        size N the head was trained with (draft with the same `vocab`).
+        size N the head was trained with (draft with the same `vocab`). head_rank: store a trained head as the
+        target's rows + a rank-`head_rank` correction (policy.head_delta) instead of all N x D rows (None: all).
         """
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
         pol = self.policy.trainable_state()
+        if head_rank is not None and "head_weight" in pol:
+            del pol["head_weight"]
+            pol["head_delta"] = self.policy.head_delta(head_rank)
         if dtype is not None:
             pol = {k: ({n: t.to(dtype) for n, t in v.items()} if isinstance(v, dict) else v.to(dtype))
                    for k, v in pol.items()}

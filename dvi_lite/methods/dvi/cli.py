@@ -121,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
                     "or 'full' (the default: the full vocabulary)")
     ap.add_argument("--save-dtype", default=None, choices=["bfloat16", "float16"],
                     help="store policy.pt in half precision (default: float32, as trained)")
+    ap.add_argument("--head-rank", type=int, default=None,
+                    help="with --save-dtype: store a trained head as the target's rows + a rank-r change (SVD of what "
+                    "training moved) instead of all its rows (default: all rows)")
     ap.add_argument("--prompts-per-domain", type=int, default=400)
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps")
+    if args.head_rank is not None and (args.head_rank < 1 or not args.save_dtype):
+        ap.error(f"--head-rank must be an int >= 1 and goes with --save-dtype, got {args.head_rank}")
     if args.data is None:
         for flag, bad in (("--ablation", args.ablation), ("--max-minutes", args.max_minutes is not None)):
             if bad:
@@ -227,6 +232,11 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         from dvi_lite.methods.dvi.policy import POLICY_FILE
 
         b = torch.load(out / POLICY_FILE, map_location="cpu", weights_only=False)
+        if args.head_rank is not None and "head_weight" in b["policy"]:  # rows -> the target's + a low-rank change
+            from dvi_lite.methods.dvi.policy import _read_policy
+
+            b["policy"]["head_delta"] = _read_policy(model, out / POLICY_FILE, False).head_delta(args.head_rank)
+            del b["policy"]["head_weight"]
         half = getattr(torch, args.save_dtype)
         b["policy"] = {k: ({n: t.to(half) for n, t in v.items()} if isinstance(v, dict) else v.to(half))
                        for k, v in b["policy"].items()}

@@ -229,6 +229,23 @@ class DVIPolicy(nn.Module):
                 out["head_bias"] = self.head_bias.detach().cpu().clone()
         return out
 
+    def target_rows(self) -> torch.Tensor:
+        """(N, D) float32: the target's LM-head rows at the trained head's ids (its initialisation)."""
+        lm = _base(self.lm_head)
+        w = lm.weight.detach() if self.head_ids is None else lm.weight.detach().index_select(0, self.head_ids)
+        return w.float()
+
+    @torch.no_grad()
+    def head_delta(self, rank: int) -> dict[str, torch.Tensor]:
+        """The trained rows as the target's rows + U V: the best rank-`rank` approximation (SVD) of what training
+        moved, U (N, r) and V (r, D) on the CPU. A committed file stores these instead of all N x D rows."""
+        if self.head != "trained":
+            raise ValueError(f"head_delta needs a trained head; this policy's head is {self.head!r}")
+        check_int("rank (head delta)", rank, 1)
+        u, s, vh = torch.linalg.svd(self.head_weight.detach().float() - self.target_rows(), full_matrices=False)
+        r = min(rank, len(s))
+        return {"U": (u[:, :r] * s[:r]).cpu(), "V": vh[:r].cpu()}  # (N, r), (r, D)
+
     def load_trainable_state(self, state: dict[str, Any]) -> None:
         lora = {k: v.float() for k, v in state["lora_S"].items()}  # a committed head may be stored in bf16
         res = _peft().set_peft_model_state_dict(self, lora, adapter_name=LORA_S)
@@ -236,9 +253,13 @@ class DVIPolicy(nn.Module):
         if missing or res.unexpected_keys:
             raise ValueError(f"lora_S state does not fit this policy (rank/split?): missing {missing}, "
                              f"unexpected {res.unexpected_keys}")
-        if (self.head == "trained") != ("head_weight" in state):
+        has_rows = "head_weight" in state or "head_delta" in state
+        if (self.head == "trained") != has_rows:
             raise ValueError(f"this policy's head is {self.head!r}; the state "
-                             f"{'holds' if 'head_weight' in state else 'lacks'} a trained head's rows")
+                             f"{'holds' if has_rows else 'lacks'} a trained head's rows")
+        if "head_delta" in state:  # a compact file: the target's rows + U V
+            d = state["head_delta"]
+            state = {**state, "head_weight": self.target_rows().cpu() + d["U"].float() @ d["V"].float()}
         with torch.no_grad():
             self.exit_norm.weight.copy_(state["exit_norm"])
             self.logit_scale.copy_(state["logit_scale"])
