@@ -89,6 +89,12 @@ def test_load_as_teacher(built):
     assert whole.n_tokens - cut.n_tokens <= len(whole.tokens)
     real = whole.tokens[whole.mask]
     assert torch.equal(cut.tokens[cut.mask][:8], real[:8])
+    # each row's first own-answer position: the prompt's length for a whole sequence, 0 for the corpus windows
+    shards = [json.loads(p.read_text()) for p in sorted(folder.glob("shard_*.json"))]
+    prompts = [r["prompt_tokens"] for m in shards if m["split"] == "train" for r in m["rows"]]
+    got = whole.card["answer_from"]
+    assert got[len(got) - len(prompts):] == prompts and set(got[: len(got) - len(prompts)]) <= {0}
+    assert len(cut.card["answer_from"]) == len(cut.tokens)
     with pytest.raises(ValueError, match="layers"):
         rd.load_as_teacher(folder, "train", layers=(3,))
     with pytest.raises(ValueError, match="split"):

@@ -55,6 +55,7 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
     if width is not None:
         check_int("width", width, 2)
     rows: list[dict[str, torch.Tensor]] = []
+    answer_from: list[int] = []  # per row: its first own-answer position (0 for corpus windows and mid-answer ones)
     n_pos, final_key = 0, None
     for path in shard_files(folder, split, corpus):
         with safe_open(str(path), framework="pt") as f:
@@ -68,12 +69,14 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
             names = ["ids", "top_ids", "top_logp"] + [f"h{k}" for k in layers] + ([final_key] if final else [])
             t = {k: f.get_tensor(k) for k in names}
             off = f.get_tensor("offsets").tolist()
-        for a, b in zip(off[:-1], off[1:], strict=True):
+        prompts = _prompt_lengths(path, len(off) - 1)
+        for j, (a, b) in enumerate(zip(off[:-1], off[1:], strict=True)):
             step = (b - a) if width is None else width
             for s in range(a, b, step):
                 e = min(b, s + step)
                 if e - s >= 2:
                     rows.append({k: v[s:e] for k, v in t.items()})
+                    answer_from.append(max(0, prompts[j] - (s - a)))
         n_pos += off[-1]
         if max_tokens is not None and n_pos >= max_tokens:
             break
@@ -99,8 +102,19 @@ def load_as_teacher(folder: str | Path, split: str = "train", layers: tuple[int,
     card = json.loads((Path(folder) / "card.json").read_text())
     card = {"model": card["model"], "source": str(folder), "split": split, "width": width, "n_rows": n,
             "n_tokens": int(mask.sum()), "config": card["config"], "provenance": card["provenance"],
-            "set": {k: card[k] for k in ("shards", "answer_tokens", "positions", "corpus_positions")}}
+            "set": {k: card[k] for k in ("shards", "answer_tokens", "positions", "corpus_positions")},
+            "answer_from": answer_from}
     return TeacherData(tokens, mask, states, last, top_ids, top_logp, card)
+
+
+def _prompt_lengths(shard: Path, n: int) -> list[int]:
+    """Each sequence's prompt length in a shard, from its JSON beside it (0 for a corpus shard, none written)."""
+    meta = Path(shard).with_suffix(".json")
+    if not meta.is_file():
+        return [0] * n
+    rows = json.loads(meta.read_text()).get("rows")  # a list of sequences (the corpus shard keeps a count)
+    ok = isinstance(rows, list) and len(rows) == n
+    return [int(r.get("prompt_tokens", 0)) for r in rows] if ok else [0] * n
 
 
 def load_distill(model, folder: str | Path, split: str = "train", layers: tuple[int, ...] = (), final: bool = False,

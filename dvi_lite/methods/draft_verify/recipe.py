@@ -84,6 +84,11 @@ def answer_spans(data, tok) -> tuple[list[int], list[tuple[int, int]]]:
     keep = int(data.card.get("config", {}).get("prompt_tokens", 320))
     recs = {r["id"]: r for r in read_prompts(SPEC_BENCH_DEV)}
     lens = data.mask.sum(1).tolist()
+    if "answer_from" in data.card:  # the self-distillation set: each window's first answer position is recorded
+        keep_rows = [(i, max(0, a - 1)) for i, a in enumerate(data.card["answer_from"]) if max(0, a - 1) < lens[i] - 1]
+        if not keep_rows:
+            raise ValueError("the set has no own-answer positions to score")
+        return [i for i, _ in keep_rows], [(a, lens[i] - 1) for i, a in keep_rows]
     if not ids:
         return [i for i in range(len(lens)) if lens[i] > 1], [(0, n - 1) for n in lens if n > 1]
     rows, spans = [], []
@@ -223,7 +228,11 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tpath = Path(teacher) if teacher is not None else teacher_path(model)
-    if smoke and not tpath.is_file():  # a tiny teacher over 4 seeded random rows (no corpus to tokenize)
+    if tpath.is_dir():  # a self-distillation set (distill-data): its held-out split, answers scored only
+        from dvi_lite.models.distill_reader import load_distill
+
+        data = load_distill(model, tpath, "val", corpus=False)
+    elif smoke and not tpath.is_file():  # a tiny teacher over 4 seeded random rows (no corpus to tokenize)
         gen = torch.Generator().manual_seed(cfg.seed)
         rows = torch.randint(0, model.config.vocab_size, (4, 24), generator=gen).tolist()
         data, tpath = teacher_outputs(model, rows, TeacherConfig(layers=(1,), top_k=2)), "smoke: 4 random rows"
@@ -320,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="data/smollm2/draft_verify", help="folder of skip.json")
     ap.add_argument("--summary", default=None, help="write the whole summary (JSON) here")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--data", default=None, help="score on this self-distillation set's held-out split (a folder "
+                    "from distill-data) instead of the model's teacher file")
     ap.add_argument("--trials", type=int, default=None, help="override the recipe's trials per arm and ratio")
     ap.add_argument("--ratios", type=float, nargs="+", default=None, help="override the recipe's skip ratios")
     ap.add_argument("--bench", nargs="+", default=None, help="with --results: bench JSONs of the chosen set")
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ratios is not None:
         cfg = replace(cfg, ratios=tuple(args.ratios))
     out = prepare_smollm2(args.model, Path(args.out), command_line("draft-verify-recipe", argv), args.smoke,
-                          summary_path=args.summary, cfg=cfg)
+                          teacher=args.data, summary_path=args.summary, cfg=cfg)
     print(json.dumps({"chosen": out["chosen"]["ratio"], "calibration": out["chosen"]["calibration"],
                       "heldout": out["chosen"]["heldout"]}, indent=1))
     return 0
