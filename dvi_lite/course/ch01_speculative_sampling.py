@@ -25,7 +25,7 @@ from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chai
 from dvi_lite.course.ch01_parity import parity_study
 from dvi_lite.methods.sps import resolve_draft
 from dvi_lite.study.bench import bench, leviathan_speedup
-from dvi_lite.study.cost import predicted_speedup
+from dvi_lite.study.cost import expected_tau, predicted_speedup
 from dvi_lite.study.table import check_bench, finite, require
 
 P_MIN = 1e-3  # a chi-square p-value below this rejects "distributed as p" (the tests' threshold)
@@ -121,7 +121,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 
 
 def expected_tokens(alpha: float, K: int) -> float:
     """Mean tokens per target forward with K drafts, i.i.d. acceptance alpha: 1 + alpha + ... + alpha^K."""
-    return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
+    return expected_tau(alpha, K)
 
 
 def formula_curve(alpha: float, c: float, ks: list[int], v: Mapping | None = None) -> dict[str, list[float]]:

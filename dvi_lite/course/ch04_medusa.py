@@ -144,3 +144,20 @@ def check_invariants(kernel: dict, abl: dict, grid: list[dict], front: list[tupl
         finite(ph["tau"], "per-head run tau", 1)
     return out + [f"Pareto front: {len(front)} ablation rows; per-head acceptance in [0, 1]",
                   check_bench(res, methods, "methods")]
+
+
+def sizing_figure(rows: list[dict], best: dict):
+    """The cost model's choice of heads and tree (methods.medusa.sizing.grid rows): predicted speedup over AR
+    against the tree's nodes, one line per number of heads, the best configuration marked."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for h in sorted({r["heads"] for r in rows}):
+        pts = sorted({(r["nodes"], r["predicted_speedup"]) for r in rows if r["heads"] == h})
+        fig.add_scatter(x=[n for n, _ in pts], y=[s for _, s in pts], mode="lines+markers", name=f"{h} head(s)")
+    fig.add_scatter(x=[best["nodes"]], y=[best["predicted_speedup"]], mode="markers", name="the cost model's pick",
+                    marker={"size": 14, "symbol": "star"})
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="SmolLM2's Medusa sized by the cost model: τ(H, N) / (v(N + 1) + H·c_head)",
+                      xaxis_title="tree nodes N", yaxis_title="predicted × AR", xaxis_type="log")
+    return fig

@@ -57,7 +57,7 @@ def fit(tokens: Sequence[float], values: Sequence[float]) -> Fit:
 def alpha_for(speedup: float, c: float, v: Mapping, k_max: int = 8) -> float | None:
     """The least per-token acceptance α at which the cost model predicts `speedup` (best K <= k_max, τ geometric in
     α) for a draft of cost c; None when even α = 1 falls short."""
-    from dvi_lite.methods.draft_verify.objective import alpha_needed
+    from dvi_lite.study.cost import alpha_needed
 
     return alpha_needed(speedup, c, v, k_max)
 

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dvi_lite.core.checks import check_int, check_real
+from dvi_lite.core.checks import check_int
 from dvi_lite.core.runner import Runner, Skip
-from dvi_lite.study.cost import predicted_speedup
+from dvi_lite.study.cost import best_speedup, expected_tau
 
 # ----------------------------------------------------------------------------- c: the cost model
 
@@ -213,20 +213,6 @@ class Calibration:
 
 # ----------------------------------------------------------------------------- the value
 
-def expected_tau(alpha: float, K: int) -> float:
-    """Tokens per step of a K-token draft whose tokens are each accepted with probability alpha, in order:
-    1 + alpha + ... + alpha^K (the verifier's own token included)."""
-    check_real("alpha", alpha, 0.0, 1.0)
-    check_int("K (draft tokens per step)", K, 0)
-    return float(K + 1) if alpha >= 1.0 else (1.0 - alpha ** (K + 1)) / (1.0 - alpha)
-
-
-def best_speedup(alpha: float, c: float, v, k_max: int = 8) -> tuple[float, int]:
-    """(predicted speedup, K) at the draft length K in [1, k_max] that the cost model prefers."""
-    check_int("k_max", k_max, 1)
-    return max((predicted_speedup(expected_tau(alpha, k), k, c, v), k) for k in range(1, k_max + 1))
-
-
 class SkipObjective:
     """skip -> minus the predicted speedup (search_skip minimises), logging alpha_hat, c, K per skip set."""
 
@@ -245,30 +231,3 @@ class SkipObjective:
 
     def __call__(self, skip: Skip) -> float:
         return -self.evaluate(skip)["speedup"]
-
-
-def _edge(ok, rising: bool) -> float | None:
-    """Where a monotone condition on [0, 1] switches: the smallest x with ok(x) when it holds above the edge
-    (rising), else the largest; None when it holds nowhere. Bisection to ~1e-12."""
-    if not ok(1.0 if rising else 0.0):
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if ok(mid) == rising:
-            hi = mid
-        else:
-            lo = mid
-    return hi if rising else lo
-
-
-def alpha_needed(target: float, c: float, v, k_max: int = 8) -> float | None:
-    """The smallest per-token acceptance at which the cost model predicts `target` speedup at draft cost c
-    (best K <= k_max); None if even alpha = 1 falls short (the speedup rises with alpha)."""
-    return _edge(lambda a: best_speedup(a, c, v, k_max)[0] >= target, rising=True)
-
-
-def c_needed(target: float, alpha: float, v, k_max: int = 8) -> float | None:
-    """The largest draft cost c at which acceptance alpha still predicts `target` speedup; None if even a free
-    draft (c = 0) falls short (the speedup falls as c grows)."""
-    return _edge(lambda c: best_speedup(alpha, c, v, k_max)[0] >= target, rising=False)

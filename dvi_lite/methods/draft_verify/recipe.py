@@ -272,7 +272,7 @@ def _arm_row(arm: dict, target: float, v) -> dict:
     held-out rows, its draft cost c and K, and whether it can pay at all: the acceptance the cost model needs
     at this c for break-even (1.0x) and for `target` (None: not even alpha = 1 reaches it), against the
     held-out alpha_hat the skip set has."""
-    from dvi_lite.methods.draft_verify.objective import alpha_needed
+    from dvi_lite.study.cost import alpha_needed
 
     c = arm["calibration"]["c"]
     row = {f"{part}_{key}": arm[part][key] for part in ("calibration", "heldout") for key in ("speedup", "alpha_hat")}
@@ -287,7 +287,7 @@ def write_results(summary_path: str | Path, bench_paths: list[str | Path], out: 
                   target: float = 1.3) -> dict:
     """results/15_draft_verify_smollm2.json: the search (every arm on calibration and held-out rows, per
     ratio), the bench runs of the chosen set, and what the cost model says `target` would need."""
-    from dvi_lite.methods.draft_verify.objective import alpha_needed, c_needed
+    from dvi_lite.study.cost import alpha_needed, c_needed
     from dvi_lite.study.provenance import provenance
 
     summ = json.loads(Path(summary_path).read_text())

@@ -61,33 +61,19 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def geometric_tau(alpha: float, K: int) -> float:
-    """Tokens per step when each of K drafts is accepted with probability alpha, independently, in order."""
-    return sum(alpha ** i for i in range(K + 1))
-
-
 def cost_model(res: dict, v: dict, c: float, target: float = 1.3, ks: tuple[int, ...] = (1, 2, 3, 4, 6)) -> dict:
     """What the cost model says: each arm's held-out alpha -> predicted speedup at the best K (geometric tau),
     and the per-token acceptance needed for `target` x AR at each K (study.cost.predicted_speedup)."""
-    from dvi_lite.study.cost import predicted_speedup
+    from dvi_lite.study.cost import alpha_needed, expected_tau, predicted_speedup
 
     def best(alpha: float) -> dict:
-        rows = [{"K": k, "speedup": predicted_speedup(geometric_tau(alpha, k), k, c, v)} for k in ks]
+        rows = [{"K": k, "speedup": predicted_speedup(expected_tau(alpha, k), k, c, v)} for k in ks]
         return max(rows, key=lambda r: r["speedup"])
-
-    def needed(k: int) -> float | None:
-        lo, hi = 0.0, 0.999
-        if predicted_speedup(geometric_tau(hi, k), k, c, v) < target:
-            return None
-        for _ in range(40):  # bisection on alpha
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if predicted_speedup(geometric_tau(mid, k), k, c, v) < target else (lo, mid)
-        return hi
 
     arms = {"untrained": res["heldout_before"]["alpha"], **{a: r["heldout"]["alpha"] for a, r in res["arms"].items()}}
     return {"c": c, "v": v, "target_vs_ar": target, "model": "tau = sum_{i<=K} alpha^i, speedup = tau / (v(K+1) + K c)",
             "predicted_best": {a: {"alpha": al, **best(al)} for a, al in arms.items()},
-            "alpha_needed": {str(k): needed(k) for k in ks}}
+            "alpha_needed": {str(k): alpha_needed(target, c, v, K=k) for k in ks}}
 
 
 def run(args: argparse.Namespace, command: str) -> dict:
