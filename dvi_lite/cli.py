@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "build the self-distillation set at scale (own answers, top-k log-probs, hidden states)"),
     "sps-train": ("dvi_lite.methods.sps.train:main",
                   "distil the SpS draft model (the target's first layers) from the teacher"),
+    "sps-sizing": ("dvi_lite.methods.sps.sizing:main",
+                   "choose the SpS draft's layers: alpha by decoding, c by one bench round, best K by the cost model"),
     "draft-verify-recipe": ("dvi_lite.methods.draft_verify.recipe:main",
                             "search a skip set with the low-noise objective (alpha + cost model), BO vs baselines"),
     "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),

@@ -139,3 +139,13 @@ def test_split_and_schedule():
     assert lr_at(99, cfg) == pytest.approx(cfg.min_lr_frac, abs=1e-3)
     with pytest.raises(ValueError, match="needs >= 2"):
         split_rows(1, TrainConfig())
+
+
+def test_sps_sizing_names_a_missing_draft(tmp_path, capsys):
+    """sps-sizing refuses a folder without draft.pt before loading anything, naming --drafts."""
+    from dvi_lite.methods.sps import sizing
+
+    with pytest.raises(SystemExit) as e:
+        sizing.main(["--drafts", str(tmp_path)])
+    assert e.value.code == 2
+    assert "--drafts" in capsys.readouterr().err
