@@ -285,6 +285,7 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
                     return stopped()
                 checkpoint()
     if st["phase"] == "warm":
+        st["bench_warm"] = heldout_bench(tr, tok, recipe)  # what decoding gets from the warm start alone
         st["phase"] = "online"
         checkpoint()
 
@@ -309,19 +310,25 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
     return finish(tr, tok, train, val, recipe, out_dir, command or None, provenance)
 
 
-def finish(tr: OnlineTrainer, tok, train: TeacherData, val: TeacherData, recipe: PaperRecipe, out_dir: Path,
-           command: str | None, provenance) -> dict[str, Any]:
-    """policy.pt (float32) + card.json: capacity, data, the curve, the held-out bench tau / alpha, provenance."""
+def heldout_bench(tr: OnlineTrainer, tok, recipe: PaperRecipe) -> dict[str, Any] | None:
+    """tau / alpha of the current head, decoding the held-out bench questions greedily (None: eval_questions=0)."""
     from dvi_lite.methods.dvi.drafter import evaluate
     from dvi_lite.methods.dvi.serve import heldout_questions
 
+    if not recipe.eval_questions:
+        return None
+    held, ids = heldout_questions(tok, recipe.eval_questions)
+    return {**evaluate(tr.model, tok, held, tr.policy, max_new_tokens=recipe.eval_tokens, K=recipe.K, threshold=None),
+            "question_ids": ids, "greedy": True}
+
+
+def finish(tr: OnlineTrainer, tok, train: TeacherData, val: TeacherData, recipe: PaperRecipe, out_dir: Path,
+           command: str | None, provenance) -> dict[str, Any]:
+    """policy.pt (float32) + card.json: capacity, data, the curve, the held-out bench tau / alpha after the warm
+    start and at the end, provenance."""
     st = tr.meta["paper"]
     f = tr.save_policy(out_dir)
-    bench = None
-    if recipe.eval_questions:
-        held, ids = heldout_questions(tok, recipe.eval_questions)
-        bench = {**evaluate(tr.model, tok, held, tr.policy, max_new_tokens=recipe.eval_tokens, K=recipe.K,
-                            threshold=None), "question_ids": ids, "greedy": True}
+    bench = heldout_bench(tr, tok, recipe)
     prov = provenance(command, device=tr.runner.device)
     card = {"method": "dvi", "what": "DVI as the paper trains it: trainable draft LM head (target rows) + lora_S, "
             "KL warm-start on the self-distillation set (lambda_t phase), then the online reward phase",
@@ -334,7 +341,8 @@ def finish(tr: OnlineTrainer, tok, train: TeacherData, val: TeacherData, recipe:
             "fast_steps": tr.fast_step, "warm_steps": st["warm_step"], "tokens_seen": st["seen"],
             "warm_positions": st.get("warm_seen", st["seen"]), "experiences": tr.buffer.n_seen,
             "tokens_generated": tr.tokens_generated, "curve": st["curve"], "final": st["curve"][-1],
-            "heldout_bench": bench, "wall_time_s": round(st["elapsed"], 1), "bytes": f.stat().st_size,
+            "heldout_bench_warm": st.get("bench_warm"), "heldout_bench": bench,
+            "wall_time_s": round(st["elapsed"], 1), "bytes": f.stat().st_size,
             "command": prov["command"], "commit": prov["commit"], "provenance": prov}
     _write_text(out_dir / "card.json", json.dumps(card, indent=2) + "\n")
     return card
