@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--bench", default="results/27_drafts_smollm2_bf16.json",
                     help="a bench result (bench --json): its v(n) table and Medusa's draft cost")
-    ap.add_argument("--questions", type=int, default=6, help="held-out questions to check the chosen tau by decoding")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--questions", type=int, default=12, help="held-out questions to check the chosen tau by decoding")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                            **decode_counts(model, tok, prompts, "medusa", args.max_new_tokens, opts)})
         out = {"rows": rows, "best": {k: pick[k] for k in pick if k != "paths"}, "best_paths": pick["paths"],
                "c_head": c_head, "v": {str(k): float(x) for k, x in v.items()}, "accuracies": acc,
-               "decode_check": checks, "model": args.model, "bench": args.bench}
+               "decode_check": checks, "questions": args.questions, "max_new_tokens": args.max_new_tokens,
+               "model": args.model, "bench": args.bench}
         if args.json:
             write_result(Path(args.json).stem, out, command_line("medusa-sizing", argv),
                          out_dir=Path(args.json).parent)
