@@ -572,3 +572,17 @@ def test_sizing_grid_prices_heads_and_nodes():
         grid(acc, v, c_head=-1.0)
     with pytest.raises(ValueError, match="rows"):
         best([])
+
+
+def test_the_models_committed_choice_is_the_default_tree(monkeypatch):
+    """With no tree given, medusa drafts the model's committed choice (defaults.json "medusa"); a given tree wins."""
+    from dvi_lite.methods.medusa import drafter as md
+
+    model, tok = dvi_lite.load_model("course")
+    monkeypatch.setattr(md, "model_defaults", lambda m: {"medusa": {"K": 1, "tree": "cartesian", "branch": 3}})
+    d = md.make_drafter(model, tok)
+    assert (d.K, d.tree, d.branch, len(d.static.paths)) == (1, "cartesian", 3, 3)
+    assert md.make_drafter(model, tok, tree="pruned").tree == "pruned"
+    monkeypatch.setattr(md, "model_defaults", lambda m: {})
+    d = md.make_drafter(model, tok)
+    assert (d.tree, d.branch) == ("pruned", 4)

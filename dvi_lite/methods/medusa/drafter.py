@@ -42,7 +42,7 @@ from dvi_lite.methods.medusa.trees import (
     validate_tree_args,
 )
 from dvi_lite.methods.medusa.typical import ACCEPTANCE, TYPICAL_DELTA, TYPICAL_EPSILON, typical_accept
-from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.artifacts import fingerprint, model_defaults
 
 DEFAULT_MAX_NODES = 16  # the node budget of a pruned or sparse tree when none is given
 
@@ -214,12 +214,15 @@ def medusa_summary(log: list[dict], K: int, branch: int) -> dict:
             "rank_hits": hits}
 
 
-def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int = 4, tree="pruned",
+def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int | None = None, tree=None,
                  threshold: float | None = None, max_nodes: int | None = None, prune: str = "confidence",
                  accuracies=None, attention: str = "sdpa", acceptance: str = "exact",
                  typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA,
                  **old) -> MedusaDrafter:
     """Medusa heads (None: this model's committed heads) draft a tree of each head's top-`branch` tokens.
+
+    With no tree given and the committed heads, the model's committed choice is used (its defaults.json "medusa":
+    the heads, candidates and tree that `medusa-sizing` picked by the cost model), else a pruned tree, branch 4.
 
     tree: 'cartesian' (all combinations), 'pruned' (the best max_nodes by path probability, optional
     threshold, prune = confidence|path|entropy), 'sparse' (fixed, from measured accuracies) or a list of
@@ -229,6 +232,12 @@ def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int
     generate()'s own top_k is the sampler's.)
     """
     reject_renamed(old, "medusa.make_drafter")
+    if tree is None:  # no tree chosen: the model's committed choice (defaults.json "medusa"), else a pruned tree
+        d = model_defaults(model).get("medusa", {}) if heads is None and threshold is None else {}
+        tree, K = d.get("tree", "pruned"), K if K is not None else d.get("K")
+        branch = branch if branch is not None else d.get("branch")
+        max_nodes = max_nodes if max_nodes is not None else d.get("max_nodes")
+    branch = branch if branch is not None else 4
     if heads is None or isinstance(heads, (str, Path)):
         heads = load_heads(model, heads)
     return MedusaDrafter(Runner.for_model(model, attention), heads, K, branch, tree, threshold, max_nodes, prune,
