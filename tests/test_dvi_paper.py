@@ -129,6 +129,18 @@ def test_stopped_runs_resume_bit_exact(built, run_once, tmp_path):
         paper.train_paper(model, tok, train, val, CFG, dataclasses.replace(RECIPE, warm_batch=32), tmp_path)
 
 
+def test_the_online_phase_may_run_at_its_own_learning_rate(built, tmp_path):
+    model, tok, train, val = built
+    card = paper.train_paper(model, tok, train, val, CFG, dataclasses.replace(RECIPE, online_lr=1e-5), tmp_path,
+                             resume=False)
+    log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    warm, online = [r["lr"] for r in log if r.get("phase") == "warm"], [r["lr"] for r in log if "phase" not in r]
+    assert online and max(online) <= 1e-5 < max(warm)
+    assert card["config"]["lr"] == CFG.lr and card["recipe"]["online_lr"] == 1e-5
+    with pytest.raises(ValueError, match="online_lr"):
+        paper.PaperRecipe(online_lr=0.0).check()
+
+
 def test_greedy_fp32_dvi_with_the_trained_head_equals_ar(course_model, run_once):
     model, tok = course_model
     out, _ = run_once

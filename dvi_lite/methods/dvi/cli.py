@@ -152,6 +152,8 @@ def parser() -> argparse.ArgumentParser:
                             help="positions per warm-start step")
     paper_args.add_argument("--sequences", type=int_at_least(0), default=PaperRecipe.sequences,
                             help="stream questions in the online reward phase (Spec-Bench dev training questions)")
+    paper_args.add_argument("--online-lr", type=float, default=None,
+                            help="the online phase's learning rate (default: --lr, as in the warm start)")
     paper_args.add_argument("--val-max-tokens", type=int_at_least(1), default=PaperRecipe.val_max_tokens,
                             help="held-out positions scored at each curve point")
     paper_args.add_argument("--max-minutes", type=minutes, default=None,
@@ -209,7 +211,8 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     recipe = PaperRecipe(warm_tokens=args.warm_start_tokens, warm_batch=args.warm_batch, sequences=args.sequences,
                          max_new_tokens=args.max_new_tokens, K=args.K, vocab=vocab,
                          max_prompt_tokens=args.max_prompt_tokens, val_max_tokens=args.val_max_tokens,
-                         eval_questions=args.eval_prompts, max_minutes=args.max_minutes).check()
+                         eval_questions=args.eval_prompts, online_lr=args.online_lr,
+                         max_minutes=args.max_minutes).check()
     train_set = load_distill(model, args.data, "train", layers=(split,))
     val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False)
     from dvi_lite.models.artifacts import fingerprint
@@ -245,6 +248,13 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     return card
 
 
+# SmolLM2's committed head: the online phase at a tenth of the warm start's lr (at the warm start's own lr the
+# online phase undid what the warm start taught, on held-out questions), and the trained rows stored as the
+# target's + a rank-64 change (what fits the tracked tree's budget)
+SMOLLM2_ONLINE_LR = 1e-4
+SMOLLM2_HEAD_RANK = 64
+
+
 def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False, data: str | Path | None = None,
                     max_minutes: float | None = None) -> dict:
     """`prepare`'s recipe for the DVI head: with a self-distillation set, the paper's (KL warm-start on the set, then
@@ -257,7 +267,8 @@ def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False
     from dvi_lite.paths import BUILD_DIR
 
     argv = ["--data", str(data), "--out", str(Path(out_dir) / "dvi"), "--save-dtype", "bfloat16",
-            "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2")]
+            "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2"), "--online-lr", str(SMOLLM2_ONLINE_LR),
+            "--head-rank", str(SMOLLM2_HEAD_RANK)]
     argv += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
     argv += ["--warm-start-tokens", "256", "--sequences", "2", "--max-new-tokens", "8", "--eval-prompts", "0"] \
         if smoke else []

@@ -18,6 +18,7 @@ the verifier's full logits on the map. Both phases train the same parameters wit
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -58,6 +59,7 @@ class PaperRecipe(RenamedFields):
     val_max_tokens: int = 40_000  # held-out positions scored at each point
     eval_questions: int = 6  # held-out bench questions for tau / alpha at the end (0 = skip)
     eval_tokens: int = 48
+    online_lr: float | None = None  # the online phase's learning rate (None: the config's lr, as in the warm start)
     max_minutes: float | None = None  # stop (checkpointed, resumable) once training took this long in all
 
     def check(self) -> PaperRecipe:
@@ -67,6 +69,9 @@ class PaperRecipe(RenamedFields):
         for name in ("warm_batch", "max_new_tokens", "K", "val_max_tokens", "eval_tokens", "max_prompt_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if self.online_lr is not None and not (isinstance(self.online_lr, (int, float))
+                                               and math.isfinite(self.online_lr) and self.online_lr > 0):
+            raise ValueError(f"online_lr must be None or a finite number > 0, got {self.online_lr!r}")
         if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float))
                                                  and math.isfinite(self.max_minutes) and self.max_minutes >= 0):
             raise ValueError(f"max_minutes must be None or a finite number >= 0, got {self.max_minutes!r}")
@@ -290,6 +295,9 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
         checkpoint()
 
     # the online reward phase over the question stream
+    warm_cfg = tr.cfg
+    if st["phase"] == "online" and recipe.online_lr is not None:  # (re-applied on a resume: the config is not saved)
+        tr.cfg = dataclasses.replace(tr.cfg, lr=recipe.online_lr)
     if st["phase"] == "online" and recipe.sequences:
         base_seen = st.setdefault("warm_seen", st["seen"])
 
@@ -307,6 +315,7 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
         point("online")
     st["phase"] = "done"
     checkpoint()
+    tr.cfg = warm_cfg  # the card's config is the run's; recipe.online_lr says what the online phase used
     return finish(tr, tok, train, val, recipe, out_dir, command or None, provenance)
 
 
