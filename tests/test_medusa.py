@@ -1,6 +1,7 @@
 """Medusa heads and trees: lossless decoding (greedy and sampling), the head offset convention,
 candidate trees, save/load with clear errors, and a training loop that learns and resumes exactly."""
 import itertools
+import json
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ from dvi_lite.core.engine import start, step
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.methods.medusa.drafter import MedusaDrafter, medusa_summary
-from dvi_lite.methods.medusa.heads import MedusaHeads, load_heads, save_heads
+from dvi_lite.methods.medusa.heads import MedusaHeads, heads_path, load_heads, save_heads
 from dvi_lite.methods.medusa.train import (
     MedusaTrainConfig,
     greedy_rollout,
@@ -528,7 +529,6 @@ def test_ablation_picks_the_median_per_round_speedup():
 
 
 def test_smollm2_heads_are_found_in_any_dtype():
-    from dvi_lite.methods.medusa.heads import heads_path
     from dvi_lite.paths import DATA_DIR
 
     path = DATA_DIR / "smollm2" / "medusa" / "heads.pt"
@@ -586,3 +586,27 @@ def test_the_models_committed_choice_is_the_default_tree(monkeypatch):
     monkeypatch.setattr(md, "model_defaults", lambda m: {})
     d = md.make_drafter(model, tok)
     assert (d.tree, d.branch) == ("pruned", 4)
+
+
+def test_sizing_apply_keeps_the_picked_heads_and_writes_the_default_tree(tmp_path):
+    import shutil
+
+    from dvi_lite.methods.medusa.sizing import apply
+
+    model, _ = dvi_lite.load_model("course")
+    src = heads_path(model)
+    f = tmp_path / "heads.pt"
+    shutil.copy(src, f)
+    shutil.copy(src.with_suffix(".json"), f.with_suffix(".json"))
+    (tmp_path / "defaults.json").write_text(json.dumps({"split": 3}))
+    pick = {"heads": 1, "nodes": 2, "tau_model": 1.5, "cost": 1.1, "predicted_speedup": 1.36, "paths": [[0], [1]]}
+    entry = apply(pick, f, tmp_path / "defaults.json", "results/x.json")
+    assert entry["K"] == 1 and entry["branch"] == 2 and entry["tree"] == [[0], [1]]
+    assert json.loads((tmp_path / "defaults.json").read_text())["split"] == 3  # other defaults kept
+    heads = load_heads(model, f)
+    assert heads.num_heads == 1 and json.loads(f.with_suffix(".json").read_text())["stored_heads"] == 1
+    full = load_heads(model)
+    h = torch.randn(3, model.config.hidden_size)
+    torch.testing.assert_close(heads(h), full(h, 1))  # the kept head is the trained head 0
+    with pytest.raises(ValueError, match="heads"):
+        apply({**pick, "heads": 9}, f, tmp_path / "defaults.json", "results/x.json")

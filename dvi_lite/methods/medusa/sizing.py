@@ -12,7 +12,7 @@ v is the bench's measured verify-cost table and c_head one head's cost per step 
 from the same bench (its measured draft cost per step over the heads it ran). The grid is pure arithmetic;
 `decode_counts` then checks the model's tau for the chosen configuration by decoding (a count, not a timing).
 
-    python -m dvi_lite medusa-sizing --json results/27_medusa_sizing.json
+    python -m dvi_lite medusa-sizing --json results/27_medusa_sizing.json [--apply]
 """
 from __future__ import annotations
 
@@ -61,6 +61,33 @@ def from_bench(result: Mapping, method: str = "medusa", heads_run: int = 4) -> t
     return result["verify_cost"], row["c"] * row["draft_depth_per_step"] / heads_run
 
 
+def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dict:
+    """Keep the cost model's pick: the heads file keeps its first `pick["heads"]` heads (their accuracies too), the
+    card says so, and the model's defaults.json gets the tree ("medusa": K, branch, the node paths), which
+    `medusa.make_drafter` uses when no tree is given. Returns the defaults entry."""
+    import torch
+
+    ck = torch.load(heads_file, map_location="cpu", weights_only=True)
+    h = pick["heads"]
+    if h > ck["num_heads"]:
+        raise ValueError(f"the pick uses {h} heads; {heads_file} holds {ck['num_heads']}")
+    ck["state"] = {k: v for k, v in ck["state"].items() if not k.startswith("blocks.")
+                   or int(k.split(".")[1]) < h}
+    ck["num_heads"], ck["accuracies"] = h, (ck.get("accuracies") or [])[:h] or None
+    torch.save(ck, heads_file)
+    card_file = heads_file.with_suffix(".json")
+    card = json.loads(card_file.read_text())
+    card["stored_heads"] = h
+    card["sizing"] = {k: pick[k] for k in ("heads", "nodes", "tau_model", "cost", "predicted_speedup")} | {
+        "result": result, "why": "the cost model's pick (medusa-sizing): the heads beyond it are not stored"}
+    card_file.write_text(json.dumps(card, indent=2) + "\n")
+    entry = {"K": h, "branch": 1 + max(max(p) for p in pick["paths"]), "tree": pick["paths"],
+             "why": f"medusa-sizing's pick ({result})"}
+    d = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
+    defaults_file.write_text(json.dumps(d | {"medusa": entry}, indent=2) + "\n")
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     from dvi_lite.cli import command_line, prog, run_or_usage_error
 
@@ -71,10 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", type=int, default=12, help="held-out questions to check the chosen tau by decoding")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--apply", action="store_true", help="keep the pick: store only its heads and write the tree "
+                    "into the model's defaults.json (what medusa drafts with when no tree is given)")
     args = ap.parse_args(argv)
+    if args.apply and not args.json:
+        ap.error("--apply needs --json (the result the card and the defaults point to)")
 
     def run() -> dict:
         from dvi_lite.methods.medusa.heads import heads_path
+        from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.loading import load_model
         from dvi_lite.study.curves import decode_counts
         from dvi_lite.study.provenance import write_result
@@ -88,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         pick = best(rows)
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
         checks = []
-        for r in (pick, best([x for x in rows if x["heads"] == card["num_heads"]])):
+        stored = card.get("stored_heads", card["num_heads"])  # a file --apply trimmed keeps fewer heads
+        for r in (pick, best([x for x in rows if x["heads"] == stored])):
             opts = {"K": r["heads"], "tree": [tuple(p) for p in r["paths"]],
                     "branch": 1 + max(max(p) for p in r["paths"])}
             checks.append({"heads": r["heads"], "nodes": r["nodes"], "tau_model": r["tau_model"],
@@ -100,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_result(Path(args.json).stem, out, command_line("medusa-sizing", argv),
                          out_dir=Path(args.json).parent)
+        if args.apply:
+            out["applied"] = apply(pick, heads_path(model), artifacts_dir(model) / "defaults.json", args.json)
         return out
 
     out = run_or_usage_error(ap, run)
