@@ -25,6 +25,7 @@ from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
 
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+BENCH = "results/27_drafts_smollm2_bf16.json"  # the SmolLM2 bench of the retrained drafts: v(n) and Medusa's c
 
 
 def grid(accuracies: Sequence[Sequence[float]], v: Mapping, c_head: float,
@@ -61,6 +62,14 @@ def from_bench(result: Mapping, method: str = "medusa", heads_run: int = 4) -> t
     return result["verify_cost"], row["c"] * row["draft_depth_per_step"] / heads_run
 
 
+def pick_for(card: dict, bench_file: str | Path = BENCH) -> tuple[list[dict], dict, float, dict]:
+    """(grid rows, the pick, c_head, v) for heads with this training card (its rank accuracies), priced with a
+    bench result's v(n) and Medusa's measured draft cost there."""
+    v, c_head = from_bench(json.loads(Path(bench_file).read_text()), heads_run=card["num_heads"])
+    rows = grid(card["accuracy"]["rank_accuracy"], v, c_head)
+    return rows, best(rows), c_head, v
+
+
 def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dict:
     """Keep the cost model's pick: the heads file keeps its first `pick["heads"]` heads (their accuracies too), the
     card says so, and the model's defaults.json gets the tree ("medusa": K, branch, the node paths), which
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog=prog("medusa-sizing"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--bench", default="results/27_drafts_smollm2_bf16.json",
+    ap.add_argument("--bench", default=BENCH,
                     help="a bench result (bench --json): its v(n) table and Medusa's draft cost")
     ap.add_argument("--questions", type=int, default=12, help="held-out questions to check the chosen tau by decoding")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -115,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         model, tok = load_model(args.model, dtype="bfloat16")
         card = json.loads(heads_path(model).with_suffix(".json").read_text())
         acc = card["accuracy"]["rank_accuracy"]
-        v, c_head = from_bench(json.loads(Path(args.bench).read_text()), heads_run=card["num_heads"])
-        rows = grid(acc, v, c_head)
-        pick = best(rows)
+        rows, pick, c_head, v = pick_for(card, args.bench)
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
         checks = []
         stored = card.get("stored_heads", card["num_heads"])  # a file --apply trimmed keeps fewer heads
