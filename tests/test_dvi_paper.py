@@ -80,7 +80,7 @@ def test_trained_head_capacity_and_init(course_model):
         DVIConfig(head="big")
 
 
-def test_committed_shared_heads_still_load(course_model):
+def test_committed_heads_load(course_model):
     model, tok = course_model
     pol = load_policy(model, "data/dvi")  # the course model's committed head, written before the option
     assert pol.head == "shared" and pol.head_ids is None
@@ -88,7 +88,9 @@ def test_committed_shared_heads_still_load(course_model):
     ar = dvi_lite.generate(model, tok, "def add(a, b):", max_new_tokens=8)
     assert out.token_ids == ar.token_ids
     b = torch.load("data/smollm2/dvi/policy.pt", map_location="cpu", weights_only=False)
-    assert b.get("head", "shared") == "shared" and "head_weight" not in b["policy"]
+    # SmolLM2's committed head is the paper's: trained rows, stored as the target's + a low-rank change
+    assert b["head"] == "trained" and "head_delta" in b["policy"] and "head_weight" not in b["policy"]
+    assert b["policy"]["head_delta"]["U"].dtype == torch.bfloat16
 
 
 def test_warm_start_lowers_heldout_kl(run_once):

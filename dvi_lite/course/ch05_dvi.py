@@ -159,11 +159,9 @@ def paper_ablation_rows(res: dict) -> list[dict]:
     held-out τ's mean with its 95% interval over seeds, and the arm's rank."""
     rows = []
     for arm, runs in res["runs"].items():
-        by_phase = {ph: [next(c["agree"] for c in r["curve"] if c["phase"] == ph) for r in runs.values()]
-                    for ph in ("warm", "online")}
+        warm = [next(c["agree"] for c in r["curve"] if c["phase"] == "warm") for r in runs.values()]
         s = res["summary"][arm]
-        rows.append({"arm": ARM_NAMES.get(arm, arm), "seeds": len(runs),
-                     "agree_after_warm": sum(by_phase["warm"]) / len(runs),
+        rows.append({"arm": ARM_NAMES.get(arm, arm), "seeds": len(runs), "agree_after_warm": sum(warm) / len(runs),
                      "agree_final": s["agree"]["mean"], "agree_final_ci95": s["agree"]["ci95"],
                      "tau": s["tau"]["mean"], "tau_ci95": s["tau"]["ci95"],
                      "rank": res["ranking"].index(arm) + 1 if arm in res["ranking"] else None})
@@ -186,4 +184,26 @@ def paper_ablation_figure(res: dict):
                             showlegend=j == 0, hovertext=f"seed {seed}")
     fig.update_layout(title=f"DVI as the paper trains it: held-out top-1 agreement per arm ({len(res['seeds'])} seeds)",
                       yaxis_title="held-out top-1 agreement", xaxis_title="checkpoint")
+    return legend_below(fig)
+
+
+def head_curve_figure(card: dict):
+    """The committed head's learning curve (its card, `prepare --only "dvi head"`): held-out top-1 agreement against
+    tokens seen, through the KL warm start and the online phase; held-out decoding's alpha after each phase."""
+    import plotly.graph_objects as go
+
+    from dvi_lite.course.plots import legend_below
+
+    pts = card["curve"]
+    fig = go.Figure()
+    fig.add_scatter(x=[max(p["tokens"], 1) for p in pts], y=[p["agree"] for p in pts], mode="lines+markers",
+                    text=[PHASES[p["phase"]] for p in pts], name="held-out top-1 agreement (teacher-forced)")
+    for key, label in (("heldout_bench_warm", "after the warm start"), ("heldout_bench", "after the online phase")):
+        b = card.get(key)
+        if b:
+            at = next(p["tokens"] for p in pts if p["phase"] == ("warm" if key.endswith("warm") else "online"))
+            fig.add_scatter(x=[at], y=[b["alpha"]], mode="markers", marker={"size": 12, "symbol": "diamond"},
+                            name=f"α decoding held-out questions, {label}")
+    fig.update_layout(title="SmolLM2's committed DVI head: what the warm start and the online phase buy",
+                      xaxis_title="tokens seen", xaxis_type="log", yaxis_title="agreement / α")
     return legend_below(fig)
