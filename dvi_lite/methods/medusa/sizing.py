@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
         checks = []
         stored = card.get("stored_heads", card["num_heads"])  # a file --apply trimmed keeps fewer heads
-        for r in (pick, best([x for x in rows if x["heads"] == stored])):
+        also = best([x for x in rows if x["heads"] == stored])  # the best tree over every stored head, beside it
+        for r in [pick] + ([also] if also is not pick else []):
             opts = {"K": r["heads"], "tree": [tuple(p) for p in r["paths"]],
                     "branch": 1 + max(max(p) for p in r["paths"])}
             checks.append({"heads": r["heads"], "nodes": r["nodes"], "tau_model": r["tau_model"],
