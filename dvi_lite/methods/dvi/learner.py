@@ -306,7 +306,8 @@ class OnlineTrainer(Checkpointing):
         target = self.fast_step + steps
         records: list[dict] = []
         show = self.progress if progress is None else progress
-        bar = tqdm(total=steps, desc=f"DVI k={c.split}", disable=not show)
+        # open-ended (a stream bounded by max_sequences): count steps without a total
+        bar = tqdm(total=steps if max_sequences is None else None, desc=f"DVI k={c.split}", disable=not show)
         dry = 0  # sequences in a row that gave no experience (e.g. every output stops at eos at once)
         t0 = time.perf_counter()
         try:
