@@ -244,7 +244,21 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         b["policy"] = {k: ({n: t.to(half) for n, t in v.items()} if isinstance(v, dict) else v.to(half))
                        for k, v in b["policy"].items()}
         torch.save(b, out / POLICY_FILE)
+        card = stored_form(out, args.save_dtype, args.head_rank)
     print(json.dumps({k: card.get(k) for k in ("stopped", "fast_steps", "tokens_seen", "final", "wall_time_s")}))
+    return card
+
+
+def stored_form(out: Path, dtype: str, head_rank: int | None) -> dict:
+    """The card says what the committed file holds: its bytes, dtype and (a compact head) the rank of the change."""
+    from dvi_lite.methods.dvi.checkpoint import _write_text
+    from dvi_lite.methods.dvi.policy import POLICY_FILE
+
+    card = json.loads((out / "card.json").read_text())
+    card["bytes"] = (out / POLICY_FILE).stat().st_size
+    card["stored"] = {"dtype": dtype, "head": "the target's rows + a rank-r change (U V)" if head_rank else "rows",
+                      "head_rank": head_rank}
+    _write_text(out / "card.json", json.dumps(card, indent=2) + "\n")
     return card
 
 
