@@ -610,3 +610,16 @@ def test_sizing_apply_keeps_the_picked_heads_and_writes_the_default_tree(tmp_pat
     torch.testing.assert_close(heads(h), full(h, 1))  # the kept head is the trained head 0
     with pytest.raises(ValueError, match="heads"):
         apply({**pick, "heads": 9}, f, tmp_path / "defaults.json", "results/x.json")
+
+
+def test_the_heads_cost_line():
+    """Two measured head counts give the shared part and the per-head part; one point is split over its heads."""
+    from dvi_lite.methods.medusa.sizing import cost_line, grid
+
+    shared, per = cost_line({4: 0.17, 1: 0.14})
+    assert per == pytest.approx(0.01) and shared == pytest.approx(0.13)
+    assert cost_line({4: 0.2}) == (0.0, 0.05)
+    rows = grid([[0.5]], {1: 1.0, 2: 1.0}, c_head=0.01, c_shared=0.13, budgets=(1,))
+    assert rows[0]["cost"] == pytest.approx(1.14)
+    with pytest.raises(ValueError, match="points"):
+        cost_line({})

@@ -1,16 +1,16 @@
 """How many Medusa heads, and how big a tree: chosen by the cost model from the heads' measured accuracies.
 
-Every head the drafter runs costs a ResBlock and a head matmul per step, and every tree node costs verify
-width. Both buy tokens only as far as the heads are right. For H heads and a sparse tree of N nodes
-(`trees.sparse_tree` over the first H heads' rank accuracies):
+Every head the drafter runs costs a ResBlock per step, and the heads share one matmul with the LM head, whichever
+their number; every tree node costs verify width. Both buy tokens only as far as the heads are right. For H heads
+and a sparse tree of N nodes (`trees.sparse_tree` over the first H heads' rank accuracies):
 
     tau(H, N)     = 1 + E[accepted length]           (the independence model of `trees.expected_accept_length`)
-    cost(H, N)    = v(N + 1) + H c_head               (one verify forward over the nodes + the heads, per step)
+    cost(H, N)    = v(N + 1) + c_shared + H c_head     (one verify forward over the nodes + the heads, per step)
     speedup(H, N) = tau(H, N) / cost(H, N)
 
-v is the bench's measured verify-cost table and c_head one head's cost per step relative to an AR token,
-from the same bench (its measured draft cost per step over the heads it ran). The grid is pure arithmetic;
-`decode_counts` then checks the model's tau for the chosen configuration by decoding (a count, not a timing).
+v(n) and the heads' cost are measured in the same run: c_shared and c_head are the line through Medusa's draft cost
+per step with one head and with every stored head, from one interleaved bench round. The grid is then pure
+arithmetic, and `decode_counts` checks the model's tau for the pick by decoding held-out questions (a count).
 
     python -m dvi_lite medusa-sizing --json results/27_medusa_sizing.json [--apply]
 """
@@ -25,15 +25,16 @@ from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
 
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-BENCH = "results/27_drafts_smollm2_bf16.json"  # the SmolLM2 bench of the retrained drafts: v(n) and Medusa's c
+RESULT = "results/27_medusa_sizing.json"  # the committed sizing: its measured v(n) and head costs price a new card
 
 
-def grid(accuracies: Sequence[Sequence[float]], v: Mapping, c_head: float,
+def grid(accuracies: Sequence[Sequence[float]], v: Mapping, c_head: float, c_shared: float = 0.0,
          budgets: Sequence[int] = BUDGETS) -> list[dict]:
     """One row per (heads H, nodes N): the model's tau, the step's cost and the predicted speedup over AR."""
     from dvi_lite.study.cost import v_of
 
     check_real("c_head (one head's cost per step)", c_head, 0)
+    check_real("c_shared (the heads' shared cost per step)", c_shared, 0)
     rows = []
     for h in range(1, len(accuracies) + 1):
         acc = [list(a) for a in accuracies[:h]]
@@ -41,7 +42,7 @@ def grid(accuracies: Sequence[Sequence[float]], v: Mapping, c_head: float,
             check_int("budget (tree nodes)", n, 1)
             paths = sparse_tree(acc, n)
             tau = 1.0 + expected_accept_length(paths, acc)
-            cost = v_of(v, len(paths) + 1) + h * c_head
+            cost = v_of(v, len(paths) + 1) + c_shared + h * c_head
             rows.append({"heads": h, "nodes": len(paths), "depth": max(len(p) for p in paths),
                          "tau_model": round(tau, 4), "cost": round(cost, 4), "predicted_speedup": round(tau / cost, 4),
                          "paths": [list(p) for p in paths]})
@@ -55,19 +56,52 @@ def best(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: (r["predicted_speedup"], -r["heads"], -r["nodes"]))
 
 
-def from_bench(result: Mapping, method: str = "medusa", heads_run: int = 4) -> tuple[dict, float]:
-    """(v table, c_head) from a bench result (`python -m dvi_lite bench --json`): its v(n) and the method's
-    measured draft cost per step (c per draft forward x draft depth per step) split evenly over the heads it ran."""
+def step_cost(result: Mapping, method: str = "medusa") -> float:
+    """Medusa's measured draft cost per step in a bench result: c per draft forward x draft depth per step."""
     row = result["methods"][method]
-    return result["verify_cost"], row["c"] * row["draft_depth_per_step"] / heads_run
+    return row["c"] * row["draft_depth_per_step"]
 
 
-def pick_for(card: dict, bench_file: str | Path = BENCH) -> tuple[list[dict], dict, float, dict]:
-    """(grid rows, the pick, c_head, v) for heads with this training card (its rank accuracies), priced with a
-    bench result's v(n) and Medusa's measured draft cost there."""
-    v, c_head = from_bench(json.loads(Path(bench_file).read_text()), heads_run=card["num_heads"])
-    rows = grid(card["accuracy"]["rank_accuracy"], v, c_head)
-    return rows, best(rows), c_head, v
+def cost_line(points: Mapping[int, float]) -> tuple[float, float]:
+    """(c_shared, c_head): the least-squares line c(H) = c_shared + H c_head through measured {heads: cost per step};
+    one point alone is split evenly over its heads (no shared part), the pessimistic guess for fewer heads."""
+    if not points:
+        raise ValueError("points: give at least one measured {heads: cost per step}")
+    hs, cs = list(points), [float(points[h]) for h in points]
+    if len(hs) == 1:
+        return 0.0, cs[0] / hs[0]
+    mh, mc = sum(hs) / len(hs), sum(cs) / len(cs)
+    b = sum((h - mh) * (c - mc) for h, c in zip(hs, cs, strict=True)) / sum((h - mh) ** 2 for h in hs)
+    b = max(b, 0.0)
+    return max(mc - b * mh, 0.0), b
+
+
+def pick_for(card: dict, v: Mapping, costs: Mapping[int, float]) -> tuple[list[dict], dict, dict]:
+    """(grid rows, the pick, the prices) for heads with this training card (its rank accuracies), with the verify
+    cost v and Medusa's measured draft cost per step at some head counts ({heads: cost}, `head_costs`)."""
+    c_shared, c_head = cost_line(costs)
+    rows = grid(card["accuracy"]["rank_accuracy"], v, c_head, c_shared)
+    prices = {"v": {str(k): float(x) for k, x in v.items()}, "c_shared": c_shared, "c_head": c_head,
+              "measured_cost_per_step": {str(h): float(c) for h, c in costs.items()}}
+    return rows, best(rows), prices
+
+
+def head_costs(model, tok, prompts: list[dict], counts: Sequence[int], v: Mapping) -> dict[int, float]:
+    """Medusa's draft cost per step (in AR tokens) with each number of heads, from one interleaved bench round."""
+    from dvi_lite.study.bench import bench
+
+    specs = {h: f"medusa:K={h}:tree=cartesian:branch=1" for h in counts}
+    res = bench(model, tok, prompts, ["ar", *specs.values()], max_new_tokens=32, repeats=1, v=v)
+    return {h: step_cost({"methods": {"medusa": res[spec]}}) for h, spec in specs.items()}
+
+
+def committed_pick(card: dict, result: str | Path = RESULT) -> dict:
+    """The pick for a freshly trained card, priced with the committed sizing result's measured v and head costs."""
+    from dvi_lite.paths import ROOT
+
+    r = json.loads((ROOT / result).read_text())
+    costs = {int(h): c for h, c in r["measured_cost_per_step"].items()}
+    return pick_for(card, {int(n): x for n, x in r["v"].items()}, costs)[1]
 
 
 def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dict:
@@ -102,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog=prog("medusa-sizing"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--bench", default=BENCH,
-                    help="a bench result (bench --json): its v(n) table and Medusa's draft cost")
     ap.add_argument("--questions", type=int, default=12, help="held-out questions to check the chosen tau by decoding")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
@@ -117,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.methods.medusa.heads import heads_path
         from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.loading import load_model
+        from dvi_lite.study.cost import verify_cost
         from dvi_lite.study.curves import decode_counts
         from dvi_lite.study.provenance import write_result
         from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
@@ -124,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         model, tok = load_model(args.model, dtype="bfloat16")
         card = json.loads(heads_path(model).with_suffix(".json").read_text())
         acc = card["accuracy"]["rank_accuracy"]
-        rows, pick, c_head, v = pick_for(card, args.bench)
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
-        checks = []
+        v = verify_cost(model, ns=tuple(sorted({1, *[n + 1 for n in BUDGETS]})))
         stored = card.get("stored_heads", card["num_heads"])  # a file --apply trimmed keeps fewer heads
+        rows, pick, prices = pick_for(card, v, head_costs(model, tok, prompts[:2], sorted({1, stored}), v))
+        checks = []
         also = best([x for x in rows if x["heads"] == stored])  # the best tree over every stored head, beside it
         for r in [pick] + ([also] if also is not pick else []):
             opts = {"K": r["heads"], "tree": [tuple(p) for p in r["paths"]],
@@ -135,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             checks.append({"heads": r["heads"], "nodes": r["nodes"], "tau_model": r["tau_model"],
                            **decode_counts(model, tok, prompts, "medusa", args.max_new_tokens, opts)})
         out = {"rows": rows, "best": {k: pick[k] for k in pick if k != "paths"}, "best_paths": pick["paths"],
-               "c_head": c_head, "v": {str(k): float(x) for k, x in v.items()}, "accuracies": acc,
+               **prices, "accuracies": acc,
                "decode_check": checks, "questions": args.questions, "max_new_tokens": args.max_new_tokens,
-               "model": args.model, "bench": args.bench}
+               "model": args.model}
         if args.json:
             write_result(Path(args.json).stem, out, command_line("medusa-sizing", argv),
                          out_dir=Path(args.json).parent)

@@ -146,10 +146,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     save_heads(heads, model, out_dir / "heads.pt", card)
     if not smoke:  # keep the heads and the tree the cost model picks (`medusa-sizing --apply` also checks it)
         from dvi_lite.methods.medusa import sizing
-        from dvi_lite.paths import ROOT
 
-        pick = sizing.pick_for(card, ROOT / sizing.BENCH)[1]
-        sizing.apply(pick, out_dir / "heads.pt", out_dir.parent / "defaults.json", sizing.BENCH)
+        pick = sizing.committed_pick(card)
+        sizing.apply(pick, out_dir / "heads.pt", out_dir.parent / "defaults.json", sizing.RESULT)
     return card
 
 
