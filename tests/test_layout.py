@@ -299,8 +299,9 @@ def test_no_repeated_logic():
 # ----------------------------------------------------------------------------- (h) a tree the GPU machine accepts
 
 # The device machine copies the working tree and refuses it above 64 MiB. A run that carries SmolLM2's GGUF (98 MB)
-# empties the large course files for the call (scripts/gpu_prepare.sh says how), so half a MiB of headroom is enough.
-TREE_BUDGET_MIB = 63.5
+# empties the large course files for the call (scripts/gpu_prepare.sh says how), so a quarter MiB of headroom is
+# enough for a plain copy; the next piece committed has to replace bytes, not add them.
+TREE_BUDGET_MIB = 63.75
 
 
 def test_the_tracked_tree_fits_the_device_copy():

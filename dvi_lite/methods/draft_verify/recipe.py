@@ -318,7 +318,7 @@ def write_results(summary_path: str | Path, bench_paths: list[str | Path], out: 
             "chosen": {k: ch[k] for k in ("ratio", "skip", "calibration", "heldout")},
             "comparison": table, "needed": need, "search": summ, "bench": bench,
             "bench_meta": bench_meta if bench_paths else None}
-    Path(out).write_text(json.dumps(_jsonable(body), indent=1) + "\n")
+    Path(out).write_text(json.dumps(_jsonable(body), separators=(",", ":")) + "\n")  # compact: every trial is kept
     return body
 
 
