@@ -128,8 +128,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            (Option("heads", None, "MedusaHeads or their file; None = this model's committed heads"),
             Option("K", None, "draft tokens per step along a path (heads used); None = every head", "int",
                    low=1, optional=True),
-            Option("branch", 4, "candidates per head (top-branch tokens)", "int", low=1),
-            Option("tree", "pruned", "cartesian, pruned, sparse, or a list of rank paths"),
+            Option("branch", None, "candidates per head (top-branch tokens); None = the model's committed tree's, "
+                   "else 4", "int", low=1, optional=True),
+            Option("tree", None, "cartesian, pruned, sparse, or a list of rank paths; None = the model's committed "
+                   "tree (its defaults.json, chosen by medusa-sizing), else pruned"),
             Option("threshold", None, "pruned trees: drop nodes below this confidence", "prob", optional=True),
             Option("max_nodes", None, "pruned / sparse trees: the node budget (None = 16)", "int", low=1,
                    optional=True),
