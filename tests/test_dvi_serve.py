@@ -139,14 +139,14 @@ def test_cli_streams_specbench_questions_and_saves_half_precision(tmp_path):
 
 
 def test_cost_model_verdict_from_measured_inputs():
-    from dvi_lite.methods.dvi.ablation import cost_model, geometric_tau
-    from dvi_lite.study.cost import predicted_speedup
+    from dvi_lite.methods.dvi.ablation import cost_model
+    from dvi_lite.study.cost import expected_tau, predicted_speedup
 
-    assert geometric_tau(0.5, 2) == pytest.approx(1.75) and geometric_tau(0.0, 6) == 1.0
+    assert expected_tau(0.5, 2) == pytest.approx(1.75) and expected_tau(0.0, 6) == 1.0
     v = {"1": 1.0, "2": 1.0, "9": 1.2}
     res = {"heldout_before": {"alpha": 0.1}, "arms": {"dvi": {"heldout": {"alpha": 0.3}}}}
     out = cost_model(res, v, 0.1, target=1.3, ks=(1, 2))
     assert set(out["predicted_best"]) == {"untrained", "dvi"}
     a1 = out["alpha_needed"]["1"]  # at the needed alpha the formula gives the target
-    assert predicted_speedup(geometric_tau(a1, 1), 1, 0.1, v) == pytest.approx(1.3, rel=1e-6)
+    assert predicted_speedup(expected_tau(a1, 1), 1, 0.1, v) == pytest.approx(1.3, rel=1e-6)
     assert out["predicted_best"]["dvi"]["speedup"] > out["predicted_best"]["untrained"]["speedup"]

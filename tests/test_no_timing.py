@@ -33,7 +33,7 @@ TIMED = re.compile(r"tokens_per_s|speedup|per_s\b|elapsed|wall|seconds|latency|_
                    r"|verify|run|setup|trim)_s\b|perf_counter|monotonic|time\.time|process_time|timeit|\bvs\b|"
                    r"\bv_of\b|verify_cost|forward_times|GBps|GFLOPs|bandwidth|\btps\b|measure_sublayer_costs")
 # arithmetic on given numbers, not timings (exercises/checks.py's `_speedup` is the package's formula)
-COMPUTED = re.compile(r"predicted|formula|expected|leviathan|best_speedup|geometric_tau|\b_speedup\(")
+COMPUTED = re.compile(r"predicted|formula|expected|leviathan|best_speedup|expected_tau|\b_speedup\(")
 SCRIPTED_CLOCK = re.compile(r"setattr\([^)]*\btime\b")  # monkeypatch.setattr(time, "perf_counter", ...) and the like
 ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
