@@ -70,11 +70,13 @@ test-browser: setup ## Browser tests in headless Chromium (JupyterLab runs noteb
 book: setup ## Build the static HTML book from the committed notebooks into build/book/
 	$(PY) -m dvi_lite book
 
-reproduce: setup ## Execute all notebooks in full mode into build/ and regenerate the README results (apt-installs chromium if missing: the committed notebooks carry PNG fallbacks)
+# A stopped or failed run resumes where it stopped: `make reproduce` again reruns only the notebooks it had not
+# finished (or whose code changed); `make reproduce FRESH=1` starts over.
+reproduce: setup ## Execute all notebooks in full mode, then put notebooks, results, figures and the README results in place together (resumes; FRESH=1 starts over)
 	@if [ ! -x /usr/bin/chromium ]; then \
 		apt-get update -q && apt-get install -y -q chromium; \
 	fi
-	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce || rc=$$?; \
+	@rc=0; DVI_MAKE_START=$(START_TIME) $(PY) -m dvi_lite reproduce $(if $(FRESH),--fresh) || rc=$$?; \
 	echo "make reproduce: total wall time $$(( $$(date +%s) - $(START_TIME) )) s (exit $$rc)"; \
 	exit $$rc
 

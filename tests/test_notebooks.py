@@ -81,6 +81,23 @@ def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
     errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
+    # smoke runs write the same keys as full runs: every prose tag, in any notebook, into a file this notebook
+    # writes resolves against what it just wrote (a full run's prose refresh would otherwise stop on it)
+    from dvi_lite.course.prose import unresolved_tags
+    from dvi_lite.paths import BUILD_DIR
+
+    bad = unresolved_tags(NBS, BUILD_DIR / "results", files=written_results(nb))
+    assert not bad, "prose tags that the smoke run's results do not resolve:\n" + "\n".join(bad)
+
+
+def written_results(nb: Path) -> set[str]:
+    """The results files a notebook writes: write_result("NAME", ...) in its code."""
+    code = "\n".join(c.source for c in nbformat.read(nb, as_version=4).cells if c.cell_type == "code")
+    return set(re.findall(r'write_result\(\s*"([^"]+)"', code))
+
+
+def test_every_notebook_writes_a_results_file_its_prose_can_tag():
+    assert all(written_results(nb) for nb in NBS)
 
 
 def test_source_hash_ignores_injected_parameters_and_sees_code_changes(tmp_path: Path):

@@ -19,7 +19,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from dvi_lite.paths import BUILD_DIR, ROOT
+from dvi_lite.paths import BUILD_DIR, ROOT, output_dir
 from dvi_lite.study.scrub import shrink_file
 
 FIGURES_DIR = ROOT / "figures"
@@ -68,7 +68,7 @@ def notebook_renderer() -> str | None:
 
 def figures_dir(smoke: bool) -> Path:
     """figures/ for full runs (committed); build/figures for smoke runs (never committed)."""
-    d = BUILD_DIR / "figures" if smoke else FIGURES_DIR
+    d = BUILD_DIR / "figures" if smoke else output_dir("figures")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

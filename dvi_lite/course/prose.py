@@ -19,14 +19,17 @@ in it.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dvi_lite.paths import ROOT
+from dvi_lite.paths import ROOT, atomic_write_text
 
 RESULTS = ROOT / "results"
+Dirs = Path | Sequence[Path]  # one results folder, or several searched in order (a run's stage, then results/)
 NUM = r"[-−]?\d+(?:\.\d+)?"
 TAG = re.compile(rf"(?P<num>{NUM})(?P<unit>\s*(?:×|%)?)[*_]*\s*<!--\s*(?P<kind>r|paper)\s+(?P<ref>[^>]*?)\s*-->")
 # what reads as a measured number when it stands untagged
@@ -48,21 +51,48 @@ class Problem:
         return f"markdown cell {self.cell}: {self.text!r}: {self.why}"
 
 
-def lookup(ref: str, results_dir: Path = RESULTS) -> float:
-    """The value at `FILE:KEY.PATH` in results/FILE.json."""
+def _dirs(results_dir: Dirs) -> list[Path]:
+    return [Path(results_dir)] if isinstance(results_dir, (str, Path)) else [Path(d) for d in results_dir]
+
+
+def numeric_keys(node, prefix: str = "") -> list[str]:
+    """Every dotted key path to a number in a results file (list items by index)."""
+    if isinstance(node, bool):
+        return []
+    if isinstance(node, (int, float)):
+        return [prefix]
+    items = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, dict) else []
+    return [k for key, v in items for k in numeric_keys(v, f"{prefix}.{key}" if prefix else str(key))]
+
+
+def nearest_keys(name: str, path: str, results_dir: Dirs = RESULTS, n: int = 3) -> list[str]:
+    """The results file's numeric key paths closest to `path`: what a stale tag most likely meant."""
+    for d in _dirs(results_dir):
+        f = d / f"{name}.json"
+        if f.is_file():
+            return difflib.get_close_matches(path, numeric_keys(json.loads(f.read_text())), n=n, cutoff=0.0)
+    return []
+
+
+def lookup(ref: str, results_dir: Dirs = RESULTS) -> float:
+    """The value at `FILE:KEY.PATH` in FILE.json, from the first of `results_dir` that holds the file."""
     name, _, path = ref.partition(":")
-    f = results_dir / f"{name}.json"
-    if not f.is_file() or not path:
+    f = next((d / f"{name}.json" for d in _dirs(results_dir) if (d / f"{name}.json").is_file()), None)
+    if f is None or not path:
         raise KeyError(f"tag 'r {ref}': expected FILE:KEY.PATH with results/FILE.json present")
     node = json.loads(f.read_text())
     for key in path.split("."):
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    if not isinstance(node, (int, float)):
+        try:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        except (KeyError, IndexError, ValueError, TypeError):
+            near = ", ".join(nearest_keys(name, path, results_dir)) or "none"
+            raise KeyError(f"tag 'r {ref}': {f.name} has no key {key!r} on that path; nearest keys: {near}") from None
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise KeyError(f"tag 'r {ref}': {path} is {type(node).__name__}, not a number")
     return float(node)
 
 
-def _check_tag(m: re.Match, results_dir: Path) -> str | None:
+def _check_tag(m: re.Match, results_dir: Dirs) -> str | None:
     """None when the tagged number agrees with its source, else why not."""
     text, unit = m["num"].replace("−", "-"), m["unit"].strip()
     shown = float(text)
@@ -73,13 +103,13 @@ def _check_tag(m: re.Match, results_dir: Path) -> str | None:
         return None if text in claim else f"not in PAPERS[{m['ref']!r}]['claim'] = {claim!r}"
     try:
         value = lookup(m["ref"], results_dir) * (100 if unit == "%" else 1)
-    except (KeyError, IndexError, ValueError) as e:
-        return str(e)
+    except KeyError as e:
+        return e.args[0]
     decimals = len(text.partition(".")[2])
     return None if round(value, decimals) == shown else f"results say {value:.{decimals + 2}f}"
 
 
-def check_markdown(source: str, cell: int = 0, results_dir: Path = RESULTS) -> list[Problem]:
+def check_markdown(source: str, cell: int = 0, results_dir: Dirs = RESULTS) -> list[Problem]:
     """The problems of one markdown cell: tags that disagree with results, and untagged measured numbers."""
     prose = CODE.sub(lambda m: " " * len(m.group()), source)
     problems, tagged = [], []
@@ -94,7 +124,7 @@ def check_markdown(source: str, cell: int = 0, results_dir: Path = RESULTS) -> l
     return problems
 
 
-def check_notebook(path: Path, results_dir: Path = RESULTS) -> list[Problem]:
+def check_notebook(path: Path, results_dir: Dirs = RESULTS) -> list[Problem]:
     """Every markdown cell of a notebook (reference cells included)."""
     nb = json.loads(Path(path).read_text())
     out: list[Problem] = []
@@ -105,7 +135,7 @@ def check_notebook(path: Path, results_dir: Path = RESULTS) -> list[Problem]:
     return out
 
 
-def _refreshed(m: re.Match, results_dir: Path) -> str:
+def _refreshed(m: re.Match, results_dir: Dirs) -> str:
     """The tag with its number rewritten from results (same decimals, same unit); paper tags unchanged."""
     if m["kind"] != "r":
         return m.group()
@@ -116,16 +146,44 @@ def _refreshed(m: re.Match, results_dir: Path) -> str:
     return new + m.group()[len(text):]
 
 
-def refresh_notebook(path: Path, results_dir: Path = RESULTS) -> list[tuple[str, str]]:
-    """Rewrite every r-tagged number in the notebook's markdown from its results file; returns (old, new) pairs
-    that changed. Code spans are left alone (a tag never sits in one)."""
-    path = Path(path)
-    nb = json.loads(path.read_text())
+def _markdown(cell: dict) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def tag_refs(path: Path) -> list[tuple[int, str]]:
+    """(markdown cell, FILE:KEY.PATH) of every `r` tag in a notebook's prose."""
+    nb = json.loads(Path(path).read_text())
+    return [(i, m["ref"]) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown"
+            for m in TAG.finditer(CODE.sub(lambda x: " " * len(x.group()), _markdown(c))) if m["kind"] == "r"]
+
+
+def unresolved_tags(paths: Sequence[Path], results_dir: Dirs = RESULTS,
+                    files: set[str] | None = None) -> list[str]:
+    """Every `r` tag of these notebooks whose key is not a number in its results file (only tags into `files`
+    when given), as 'NOTEBOOK cell N: <!--r REF-->: why, nearest keys'. Empty when all resolve."""
+    out = []
+    for path in paths:
+        for cell, ref in tag_refs(path):
+            if files is not None and ref.partition(":")[0] not in files:
+                continue
+            try:
+                lookup(ref, results_dir)
+            except KeyError as e:
+                out.append(f"{Path(path).name} markdown cell {cell}: <!--r {ref}-->: {e.args[0]}")
+    return out
+
+
+class StaleTags(RuntimeError):
+    """Prose tags that do not resolve: the refresh changed nothing."""
+
+
+def _refreshed_notebook(path: Path, results_dir: Dirs) -> tuple[dict, list[tuple[str, str]]]:
+    nb = json.loads(Path(path).read_text())
     changed: list[tuple[str, str]] = []
     for c in nb["cells"]:
         if c["cell_type"] != "markdown":
             continue
-        src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+        src = _markdown(c)
 
         def sub(m: re.Match) -> str:
             new = _refreshed(m, results_dir)
@@ -136,9 +194,27 @@ def refresh_notebook(path: Path, results_dir: Path = RESULTS) -> list[tuple[str,
         new_src = TAG.sub(sub, src)
         if new_src != src:
             c["source"] = new_src.splitlines(keepends=True)
-    if changed:
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    return changed
+    return nb, changed
+
+
+def refresh_notebook(path: Path, results_dir: Dirs = RESULTS) -> list[tuple[str, str]]:
+    """Rewrite every r-tagged number in the notebook's markdown from its results file; returns (old, new) pairs
+    that changed. Code spans are left alone (a tag never sits in one). A tag that does not resolve raises
+    StaleTags before the file is touched."""
+    return refresh_notebooks([path], results_dir)[Path(path)]
+
+
+def refresh_notebooks(paths: Sequence[Path], results_dir: Dirs = RESULTS) -> dict[Path, list[tuple[str, str]]]:
+    """refresh_notebook for several notebooks, all or nothing: every tag of every notebook is checked first;
+    if any fails, StaleTags lists them all and no file changes. Each rewritten notebook is replaced atomically."""
+    bad = unresolved_tags(paths, results_dir)
+    if bad:
+        raise StaleTags("prose tags that do not resolve (no notebook was changed):\n  " + "\n  ".join(bad))
+    done = {Path(p): _refreshed_notebook(Path(p), results_dir) for p in paths}
+    for path, (nb, changed) in done.items():
+        if changed:
+            atomic_write_text(path, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return {path: changed for path, (_, changed) in done.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     bad = 0
+    if args.refresh:
+        try:
+            for nb, changed in refresh_notebooks(notebooks).items():
+                for old, new in changed:
+                    print(f"{nb.name}: {old} -> {new}")
+        except StaleTags as e:
+            print(e)
+            return 1
     for nb in notebooks:
-        for old, new in refresh_notebook(nb) if args.refresh else []:
-            print(f"{nb.name}: {old} -> {new}")
         for problem in check_notebook(nb):
             bad += 1
             print(f"{nb.name}: {problem}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.paths import ROOT
+from dvi_lite.paths import ROOT, atomic_write_text, output_dir
 
 RESULTS_DIR = ROOT / "results"
 RUN_OUTPUTS = (":!results", ":!figures", ":!README.md", ":!data/draft_verify/skip.json", ":!data/dvi")
@@ -62,10 +62,9 @@ def model_facts(name: str | None, model) -> dict:
 
 def write_result(name: str, payload: dict, command: str | None = None, smoke: bool = False,
                  out_dir: Path | None = None) -> Path:
-    """Write results/<name>.json with provenance. Smoke runs go to build/results (never committed)."""
-    out_dir = out_dir or (ROOT / "build" / "results" if smoke else RESULTS_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write results/<name>.json with provenance, atomically. Smoke runs go to build/results (never committed);
+    a full run of `make reproduce` writes into its stage (paths.output_dir) until the whole run has succeeded."""
+    out_dir = out_dir or (ROOT / "build" / "results" if smoke else output_dir("results"))
     path = out_dir / f"{name}.json"
     body = {"provenance": provenance(command, smoke=smoke), **payload}
-    path.write_text(json.dumps(body, indent=2, default=float) + "\n")
-    return path
+    return atomic_write_text(path, json.dumps(body, indent=2, default=float) + "\n")

@@ -1,12 +1,18 @@
 """`make reproduce`: every notebook in full mode (papermill, into build/notebooks), then the README table.
 
-Full-mode notebooks write results/*.json and figures/*. Each executed notebook is then written back to
-notebooks/ with its outputs (plotly's native output plus a PNG fallback), stamped with the hash of the code it
-ran (`source_hash`), so a reader sees the last full run and a test can tell when the code has changed since.
+Full-mode notebooks write results/*.json and figures/*, but during a run they write them into a stage
+(build/reproduce/stage, `paths.output_dir`). Only when every notebook has run and every prose tag of every notebook
+resolves against the new results are the results, the figures and the executed notebooks put in place together:
+each executed notebook goes back to notebooks/ with its outputs (plotly's native output plus a PNG fallback),
+stamped with the hash of the code it ran (`source_hash`), its tagged numbers refreshed (course/prose.py), and the
+README's results section is regenerated. A failed step changes nothing under notebooks/, results/, figures/ or
+README.md, and says what failed.
+
+A run resumes by itself: `make reproduce` after an interruption or a failure skips the notebooks that run already
+finished (build/reproduce/progress.json) while their code and the package are unchanged; `--fresh` starts over.
 `--smoke` runs the same pipeline with the CI defaults, and `--learner` with the learner sizes (what Run All
 uses, about 2 min per notebook): their results and executed copies stay in build/, and the timings of a
 learner run are build/results/reproduce.json's.
-`--resume` skips notebooks this run already finished (build/notebooks/progress.json) if their code is unchanged.
 """
 from __future__ import annotations
 
@@ -14,19 +20,20 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from dvi_lite.cli import command_line, prog
-from dvi_lite.paths import BUILD_DIR, ROOT
+from dvi_lite.paths import BUILD_DIR, ROOT, STAGE_ENV, atomic_write_text
 from dvi_lite.study.scrub import scrub
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
-
-
-PROGRESS = OUT_DIR / "progress.json"
+RUN_DIR = BUILD_DIR / "reproduce"  # a run in progress: its progress file and its stage
+PROGRESS = RUN_DIR / "progress.json"
+STAGE = RUN_DIR / "stage"
 INJECTED_NOTE = "# make reproduce ran this notebook with these parameters (commented out: Run All uses the defaults)\n"
 MAX_NOTEBOOK_BYTES = 3 * 2**20  # a committed notebook, outputs included
 
@@ -51,11 +58,51 @@ def write_back(executed: Path, target: Path, seconds: float) -> None:
     text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if len(text.encode()) > MAX_NOTEBOOK_BYTES:
         print(f"    warning: {target.name} is {len(text.encode()) / 2**20:.1f} MiB with outputs (limit 3)")
-    target.write_text(text)
+    atomic_write_text(target, text)
 
 
-def _progress() -> dict:
-    return json.loads(PROGRESS.read_text()) if PROGRESS.is_file() else {}
+def package_hash() -> str:
+    """sha256 of the package's source: a run resumed after the package changed would mix two codes' results."""
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "dvi_lite").rglob("*.py")):
+        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def read_progress(mode: str, run_key: str) -> dict:
+    """The notebooks an interrupted run of this mode and package already finished; {} when there is none, when it
+    was another mode or package, or when the file is torn (it is then redone, with a note)."""
+    if not PROGRESS.is_file():
+        return {}
+    try:
+        state = json.loads(PROGRESS.read_text())
+        ok = isinstance(state, dict) and isinstance(state.get("notebooks"), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        print(f"note: {PROGRESS.relative_to(ROOT)} is unreadable (a torn write?): starting the run over", flush=True)
+        return {}
+    if state.get("mode") != mode or state.get("run_key") != run_key:
+        print("note: the interrupted run was of another mode or an older package: starting over", flush=True)
+        return {}
+    return state["notebooks"]
+
+
+def write_progress(mode: str, run_key: str, done: dict) -> None:
+    atomic_write_text(PROGRESS, json.dumps({"mode": mode, "run_key": run_key, "notebooks": done}, indent=1))
+
+
+def put_in_place(stage: Path) -> list[Path]:
+    """Move every staged result and figure over its committed place (one rename each); returns the targets."""
+    moved = []
+    for kind in ("results", "figures"):
+        for f in sorted((stage / kind).rglob("*")) if (stage / kind).is_dir() else []:
+            if f.is_file():
+                target = ROOT / kind / f.relative_to(stage / kind)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, target)
+                moved.append(target)
+    return moved
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -101,42 +148,82 @@ def write_timings(times: dict[str, float], total_s: float, mode: str, command: s
     return write_result("reproduce", payload, command=command, smoke=mode != "full")
 
 
+def finish_full_run(ran: list[Path], times: dict[str, float]) -> int:
+    """After every notebook of a full run has run: check every prose tag against the staged results (then the
+    committed ones); if any fails, change nothing and say what to do. Else put the results, figures and the executed
+    notebooks in place together, refresh the prose and regenerate the README."""
+    from dvi_lite.course.prose import refresh_notebooks, unresolved_tags
+    from dvi_lite.study.report import update_readme
+
+    bad = unresolved_tags(notebooks(), [STAGE / "results", ROOT / "results"])
+    if bad:
+        print("The run finished, but these prose tags do not resolve against its results, so nothing under notebooks/, "
+              "results/, figures/ or README.md was changed:\n  " + "\n  ".join(bad) +
+              "\nFix each tag (or the notebook code that writes its key), then run `make reproduce` again: it keeps "
+              f"the {len(ran)} notebooks that finished ({PROGRESS.relative_to(ROOT)}) and reruns only those whose "
+              "code changed.", flush=True)
+        return 1
+    moved = put_in_place(STAGE)
+    for nb in ran:
+        write_back(OUT_DIR / nb.name, nb, times[nb.name])
+    for nb, changed in refresh_notebooks(notebooks(), ROOT / "results").items():
+        for old, new in changed:
+            print(f"prose {nb.name}: {old.split('<!--')[0]} -> {new.split('<!--')[0]}")
+    update_readme()
+    print(f"{len(moved)} results and figures and {len(ran)} notebooks put in place; README results section "
+          "regenerated from results/*.json", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("reproduce"), description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CI-sized run (results go to build/, not results/)")
     ap.add_argument("--learner", action="store_true",
                     help="the learner sizes Run All uses (about 2 min per notebook; results go to build/)")
     ap.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,01")
-    ap.add_argument("--resume", action="store_true",
-                    help="skip notebooks this run already finished in the same mode with unchanged code")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start over: forget the notebooks an interrupted run finished (by default a run resumes)")
+    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old commands
     ap.add_argument("--model", default=None, help="local HF checkpoint folder passed as MODEL_PATH to every notebook")
     args = ap.parse_args(argv)
     try:
         nbs = notebooks(args.only.split(",") if args.only else None)
     except ValueError as e:
         ap.error(str(e))
+    if args.smoke and args.learner:
+        ap.error("--smoke and --learner: choose one mode")
+    if args.model and not Path(args.model).is_dir():
+        ap.error(f"--model {args.model}: no such folder (give a local Hugging Face Llama-family checkpoint folder)")
     params = {"MODEL_PATH": str(Path(args.model).resolve())} if args.model else {}
     command = "make reproduce" if os.environ.get("DVI_MAKE_START") else command_line("reproduce", argv)
+    mode = "smoke" if args.smoke else "learner" if args.learner else "full"
+    committed = mode == "full" and not args.model  # a full run of the committed course: its outputs go in place
+    if committed:
+        from dvi_lite.course.plots import browser_available
+
+        if not browser_available():  # the committed notebooks need their PNG fallbacks (tests/test_notebooks.py)
+            ap.error("a full run writes the committed notebooks, whose figures need a PNG fallback, and kaleido needs "
+                     "Chromium: apt-get install chromium (make reproduce installs it when it is missing)")
     if args.model:  # another model needs its own adapter, heads, skip set and DVI head first
         from dvi_lite.study.prepare import PrepareConfig, prepare
 
         print(f"[0/{len(nbs)}] training the methods' pieces for {args.model} (python -m dvi_lite prepare)", flush=True)
         prepare(params["MODEL_PATH"], PrepareConfig.smoke() if args.smoke else PrepareConfig(),
                 command=command)
-    if args.smoke and args.learner:
-        ap.error("--smoke and --learner: choose one mode")
-    mode = "smoke" if args.smoke else "learner" if args.learner else "full"
-    if mode == "full" and not args.model:
-        from dvi_lite.course.plots import browser_available
-
-        if not browser_available():  # the committed notebooks need their PNG fallbacks (tests/test_notebooks.py)
-            ap.error("a full run writes the committed notebooks, whose figures need a PNG fallback, and kaleido needs "
-                     "Chromium: apt-get install chromium (make reproduce installs it when it is missing)")
-    progress = _progress() if args.resume else {}
+    # full runs write into a stage; another model's full run keeps its results there (never over the course's)
+    stage = STAGE if not args.model else RUN_DIR / "models" / Path(args.model).resolve().name
+    if mode == "full":
+        os.environ[STAGE_ENV] = str(stage)
+    run_key = hashlib.sha256(f"{package_hash()} {sorted(params.items())}".encode()).hexdigest()
+    if args.fresh:
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+    progress = read_progress(mode, run_key)
+    if not progress and mode == "full":
+        shutil.rmtree(stage, ignore_errors=True)  # a stage left by another run's code is not this run's
     times, resumed = {}, []
     for i, nb in enumerate(nbs):
         done = progress.get(nb.name, {})
-        if done.get("mode") == mode and done.get("source_sha256") == source_hash(json.loads(nb.read_text())):
+        if done.get("source_sha256") == source_hash(json.loads(nb.read_text())) and (OUT_DIR / nb.name).is_file():
             times[nb.name] = done["seconds"]
             resumed.append(nb.name)
             print(f"[{i + 1}/{len(nbs)}] {nb.name}: finished earlier in this run ({done['seconds'] / 60:.1f} min)")
@@ -144,24 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(nbs)}] {nb.name} ({mode})", flush=True)
         times[nb.name] = run_notebook(nb, mode, params)
         print(f"    done in {times[nb.name] / 60:.1f} min", flush=True)
-        if mode == "full" and not args.model:  # a full run of the committed course: its outputs go back
-            write_back(OUT_DIR / nb.name, nb, times[nb.name])
-        progress[nb.name] = {"mode": mode, "seconds": round(times[nb.name], 1),
+        progress[nb.name] = {"seconds": round(times[nb.name], 1),
                              "source_sha256": source_hash(json.loads(nb.read_text()))}
-        PROGRESS.write_text(json.dumps(progress, indent=1))
+        write_progress(mode, run_key, progress)
     total = sum(times.values())
     if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
         print(f"timings written to {write_timings(times, total, mode, command.strip(), resumed)}")
-    if mode == "full" and not args.model:
-        from dvi_lite.course.prose import refresh_notebook
-        from dvi_lite.study.report import update_readme
-
-        for nb in notebooks():  # the prose's tagged numbers follow the new results (course/prose.py)
-            for old, new in refresh_notebook(nb):
-                print(f"prose {nb.name}: {old.split('<!--')[0]} -> {new.split('<!--')[0]}")
-
-        update_readme()
-        print("README results section regenerated from results/*.json")
+    if committed and finish_full_run(nbs, times) != 0:
+        return 1
+    PROGRESS.unlink(missing_ok=True)  # the run is complete: the next one starts over
     print("timings: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items()) +
           f" | total {total / 60:.1f} min")
     return 0
