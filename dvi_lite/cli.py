@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any, Callable
 
@@ -119,5 +120,28 @@ def main(argv: list[str] | None = None) -> int:
         command, rest = argv[0], argv[1:]
     else:  # --help, no command, or an unknown one: argparse says so and exits
         command, rest = parser().parse_args(argv[:1]).command, argv[1:]
-    result = load(command)(rest)
+    try:
+        result = load(command)(rest)
+    except KeyboardInterrupt:
+        print(f"{prog(command)}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last guard: a user of the command line never sees a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{prog(command)}: error: {unexpected(e)}\n(set {TRACEBACK_ENV}=1 to see where it came from)",
+              file=sys.stderr)
+        return 1
     return result if isinstance(result, int) else 0
+
+
+TRACEBACK_ENV = "DVI_TRACEBACK"
+
+
+def unexpected(e: BaseException) -> str:
+    """One line for an error that no check caught: what kind, and its message's first line."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    kind = {MemoryError: "out of memory", PermissionError: "permission denied",
+            IsADirectoryError: "a folder where a file is needed", NotADirectoryError: "a file where a folder is needed",
+            FileNotFoundError: "no such file", UnicodeDecodeError: "a file that is not UTF-8 text"}
+    what = next((v for k, v in kind.items() if isinstance(e, k)), type(e).__name__)
+    return f"{what}: {msg[:400]}" if msg else what

@@ -11,7 +11,7 @@ from transformers.generation.streamers import BaseStreamer
 from dvi_lite.core.engine import Stats, decode
 from dvi_lite.core.registry import get_method
 from dvi_lite.core.runner import Runner
-from dvi_lite.core.sampling import Sampler, make_generator
+from dvi_lite.core.sampling import TINY_TEMPERATURE, Sampler, make_generator
 
 
 @dataclass
@@ -41,7 +41,19 @@ def check_messages(messages: list) -> list[dict]:
             raise ValueError(f"chat message {i} has role {m['role']!r}; the allowed roles: {', '.join(CHAT_ROLES)}")
         if not isinstance(m["content"], str):
             raise ValueError(f"chat message {i} ({m['role']}) must have str content, got {type(m['content']).__name__}")
+        utf8(m["content"], f"chat message {i}'s content")
     return list(messages)
+
+
+def utf8(text: str, what: str) -> str:
+    """`text` if it is valid Unicode; a command line's undecodable bytes arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise ValueError(f"{what} is not valid UTF-8 text (bytes {bad!r} at character {e.start}); "
+                         "give the text in UTF-8") from None
+    return text
 
 
 def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
@@ -52,7 +64,7 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     the generation prompt added (the assistant turn the model should write), as instruct models expect.
     """
     if isinstance(prompt, str):
-        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return tokenizer(utf8(prompt, "prompt"), add_special_tokens=False)["input_ids"]
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt):
@@ -68,7 +80,7 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
 
 def validate(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> list[int]:
     """The prompt's token ids, after checking them and max_new_tokens against the model."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     ids = prompt_ids(tokenizer, prompt)
     if not ids:
@@ -94,7 +106,15 @@ def generate(model, tokenizer, prompt: Prompt, method: str = "ar", max_new_token
     method_kwargs are the method's options (e.g. sps: draft_model=..., K=4), checked against the registry.
     """
     spec = get_method(method)
+    if not isinstance(stop_at_eos, bool):
+        raise ValueError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
     sampler = Sampler(temperature, top_k, top_p)
+    if not spec.engine and 0 < sampler.temperature < TINY_TEMPERATURE:
+        raise ValueError(f"temperature {temperature!r}: transformers' generate (method {method!r}) divides the "
+                         f"logits by it and overflows below {TINY_TEMPERATURE}; use 0 (greedy) or a temperature "
+                         f">= {TINY_TEMPERATURE} (the package's own loop takes any temperature >= 0)")
     ids = validate(model, tokenizer, prompt, max_new_tokens)
     eos = tokenizer.eos_token_id if stop_at_eos else None
     built = spec.build(model, tokenizer, **method_kwargs)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+TINY_TEMPERATURE = 1e-30  # below this, logits / T overflows float32 for any logit over about 3e8 * T
+
 
 @dataclass(frozen=True)
 class Sampler:
@@ -20,11 +22,11 @@ class Sampler:
 
     def __post_init__(self):
         t = self.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:  # NaN fails too
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
 
     @property
@@ -40,7 +42,11 @@ class Sampler:
         """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k, top-p."""
         if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        x = logits.float() / self.temperature
+        if self.temperature < TINY_TEMPERATURE:  # logits / T would overflow (inf - inf = NaN): take the limit T -> 0+,
+            x = logits.float()  # the uniform law on the argmax (a tie shares it)
+            x = torch.where(x == x.amax(-1, keepdim=True), 0.0, float("-inf"))
+        else:
+            x = logits.float() / self.temperature
         if self.top_k and self.top_k < x.shape[-1]:
             kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
             x = x.masked_fill(x < kth, float("-inf"))

@@ -127,7 +127,12 @@ def check_checkpoint(path: Path) -> dict:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ValueError(f"model path {str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
-    cfg = json.loads(cfg_file.read_text())
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(cfg_file)!r} is not valid JSON ({e}); a checkpoint's config.json must be") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{str(cfg_file)!r} must hold a JSON object (the model's config), got {type(cfg).__name__}")
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -138,6 +143,37 @@ def check_checkpoint(path: Path) -> dict:
     if archs and not any(a.endswith("ForCausalLM") for a in archs):
         raise ValueError(f"model at {str(path)!r} is not a causal LM (architectures={archs}); need *ForCausalLM")
     return cfg
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the float dtypes a model's weights may have
+
+
+def check_weight_files(path: Path) -> None:
+    """Every *.safetensors file of a checkpoint folder opens (a complete header that covers the file) and holds
+    float tensors only: integer weights would be cast to floats silently and decode garbage."""
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                dtypes = {k: st.get_slice(k).get_dtype() for k in st.keys()}
+        except Exception as e:  # safetensors' own errors (truncated, bad header) are not one exception type
+            raise ValueError(f"weights file {str(f)!r} is not a readable safetensors file ({e}); "
+                             "it may be truncated or corrupt: copy or convert the checkpoint again") from None
+        bad = {k: d for k, d in dtypes.items() if d not in FLOAT_DTYPES}
+        if bad:
+            k, d = next(iter(bad.items()))
+            raise ValueError(f"weights file {str(f)!r} holds {len(bad)} non-float tensors (e.g. {k!r} is {d}); "
+                             f"a model's weights must be one of {', '.join(FLOAT_DTYPES)}")
+
+
+def check_finite(model: PreTrainedModel, path: Path) -> None:
+    """No NaN or Inf in any weight: such a model decodes end-of-text or garbage without any error."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            n = int((~torch.isfinite(p)).sum())
+            raise ValueError(f"weights at {str(path)!r}: tensor {name!r} has {n} NaN or Inf values; "
+                             "a model's weights must be finite (was the checkpoint saved after a diverged step?)")
 
 
 def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None = None,
@@ -152,10 +188,19 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype | None =
     path = resolve_model(path)
     check_checkpoint(path)
     check_dtype(dt, device)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True,
-                                                 attn_implementation="sdpa")
+    check_weight_files(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True,
+                                                     attn_implementation="sdpa")
+    except (OSError, RuntimeError, KeyError) as e:  # missing/unreadable weights, shapes that do not fit the config
+        raise ValueError(f"model at {str(path)!r} could not be loaded: {str(e).splitlines()[0][:300]}") from None
+    check_finite(model, path)
     model.to(device).eval()
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"model at {str(path)!r} has no usable tokenizer "
+                         f"(tokenizer.json / tokenizer_config.json): {str(e).splitlines()[0][:300]}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

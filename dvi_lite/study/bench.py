@@ -75,9 +75,9 @@ def _value(v: str):
     return v
 
 
-def check_method(name: str) -> None:
+def check_method(name: str, flag: str = "--methods") -> None:
     if name not in METHODS:
-        raise ValueError(f"--methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
+        raise ValueError(f"{flag}: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
 
 
 def leviathan_speedup(alpha: float, K: float, c: float) -> float:

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, out=None) -> str:
     from dvi_lite.study.bench import check_method, has_chat_template, parse_spec
 
     name, opts = parse_spec(args.method)
-    check_method(name)
+    check_method(name, "--method")
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     prompt = args.prompt if args.raw or not has_chat_template(tok) else [{"role": "user", "content": args.prompt}]
     res = generate(model, tok, prompt, method=name, max_new_tokens=args.max_new_tokens,

@@ -69,14 +69,21 @@ def read_prompts(path: str | Path) -> list[dict]:
         raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
     out = []
     opener = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(parse_line(json.loads(line), lineno))
-            except ValueError as e:  # json.JSONDecodeError is a ValueError too
-                raise ValueError(f"{path}: line {lineno}: {e}") from None
+    lineno = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(parse_line(json.loads(line), lineno))
+                except ValueError as e:  # json.JSONDecodeError is a ValueError too
+                    raise ValueError(f"{path}: line {lineno}: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"prompts file {str(path)!r}: line {lineno + 1} is not UTF-8 text; "
+                         "a prompts file is JSON Lines in UTF-8") from None
+    except (lzma.LZMAError, EOFError) as e:
+        raise ValueError(f"prompts file {str(path)!r} is not a readable .xz file ({e})") from None
     if not out:
         raise ValueError(f"{path}: no prompts in the file")
     return out
