@@ -119,7 +119,7 @@ def test_markdown_images_and_notebook_links_resolve(nb: Path):
     assert not missing, f"{nb.name} links to missing files: {missing}"
 
 
-MAX_TITLE_CHARS = 110  # a figure title at plotly's default size fits the 900-px PNG (plots.PNG_SIZE) up to this:
+MAX_TITLE_CHARS = 110  # a figure title at plotly's default size fits the 900-px PNG (figures.PNG_SIZE) up to this:
 # the 106-character title of figures/08_position_acceptance.png ends about 60 px short of the edge
 
 

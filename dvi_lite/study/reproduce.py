@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from dvi_lite.cli import command_line, prog
+from dvi_lite.commands import command_line, prog
+from dvi_lite.measure.scrub import scrub
 from dvi_lite.paths import BUILD_DIR, ROOT
-from dvi_lite.study.scrub import scrub
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
@@ -73,7 +73,7 @@ def run_notebook(nb: Path, mode: str, parameters: dict | None = None) -> float:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if mode == "full":  # fig.show() -> plotly's native output + a PNG fallback (plots.notebook_renderer)
-        from dvi_lite.course.plots import RENDERER_ENV, browser_available
+        from dvi_lite.measure.figures import RENDERER_ENV, browser_available
 
         os.environ[RENDERER_ENV] = "plotly_mimetype+png" if browser_available() else "plotly_mimetype"
     t0 = time.time()
@@ -89,7 +89,7 @@ def write_timings(times: dict[str, float], total_s: float, mode: str, command: s
     `make` exports DVI_MAKE_START (its own start, epoch seconds), so the total includes the `.venv`
     setup a fresh clone pays; run directly, the total is the notebooks alone.
     """
-    from dvi_lite.study.provenance import write_result
+    from dvi_lite.measure.provenance import write_result
 
     start = os.environ.get("DVI_MAKE_START")
     # a resumed run's notebooks ran in several invocations: its setup time is not measured
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--smoke and --learner: choose one mode")
     mode = "smoke" if args.smoke else "learner" if args.learner else "full"
     if mode == "full" and not args.model:
-        from dvi_lite.course.plots import browser_available
+        from dvi_lite.measure.figures import browser_available
 
         if not browser_available():  # the committed notebooks need their PNG fallbacks (tests/test_notebooks.py)
             ap.error("a full run writes the committed notebooks, whose figures need a PNG fallback, and kaleido needs "
@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only and not args.model:  # a complete run: its times are a result (smoke ones go to build/)
         print(f"timings written to {write_timings(times, total, mode, command.strip(), resumed)}")
     if mode == "full" and not args.model:
-        from dvi_lite.course.prose import refresh_notebook
+        from dvi_lite.study.prose import refresh_notebook
         from dvi_lite.study.report import update_readme
 
-        for nb in notebooks():  # the prose's tagged numbers follow the new results (course/prose.py)
+        for nb in notebooks():  # the prose's tagged numbers follow the new results (study/prose.py)
             for old, new in refresh_notebook(nb):
                 print(f"prose {nb.name}: {old.split('<!--')[0]} -> {new.split('<!--')[0]}")
 
