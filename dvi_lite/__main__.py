@@ -1,4 +1,4 @@
-"""`python -m dvi_lite <command> ...`: the one command line (the table of commands is dvi_lite.cli.COMMANDS)."""
+"""`python -m dvi_lite <command> ...`: the one command line (the table of commands is dvi_lite.commands.COMMANDS)."""
 import sys
 
 from dvi_lite.cli import main

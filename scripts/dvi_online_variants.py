@@ -24,11 +24,11 @@ VARIANTS = {"paper": {}, "kl": {"kl_floor": 1.0, "ce_weight": 0.0}, "accepted": 
 
 
 def main() -> None:
+    from dvi_lite.measure.provenance import write_result
     from dvi_lite.methods.dvi.drafter import evaluate
     from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, make_trainer
     from dvi_lite.methods.dvi.serve import heldout_questions
     from dvi_lite.models.loading import load_model
-    from dvi_lite.study.provenance import write_result
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("snapshot", nargs="?", default="data/smollm2/dvi/curve/tokens_1000192.pt")

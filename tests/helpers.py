@@ -566,8 +566,8 @@ def smollm2_reference() -> list[tuple[list[dict], list[int]]]:
     import dvi_lite
     from dvi_lite.core.generate import prompt_ids
     from dvi_lite.models.artifacts import fingerprint
+    from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
     from dvi_lite.paths import BUILD_DIR
-    from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
     model, tok = smollm2("float32")
     # the bench's questions: the shortest of each task group, then the shortest of the rest. Every group is in

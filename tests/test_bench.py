@@ -6,7 +6,8 @@ import statistics
 import pytest
 import torch
 
-from dvi_lite.study import bench, paired, summary
+from dvi_lite.measure import paired, summary, timing
+from dvi_lite.study import bench
 
 
 def run(argv, capsys):
@@ -37,10 +38,10 @@ def test_bench_bad_prompts_file(tmp_path, capsys):
 
 
 def test_leviathan_speedup():
-    assert bench.leviathan_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
-    assert bench.leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
-    assert bench.leviathan_speedup(0.5, 2, 0.5) == pytest.approx((1 - 0.5 ** 3) / 0.5 / 2.0)
-    assert not hasattr(bench, "predicted_speedup")  # one prediction: study.cost's v(n) model
+    assert timing.leviathan_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert timing.leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert timing.leviathan_speedup(0.5, 2, 0.5) == pytest.approx((1 - 0.5 ** 3) / 0.5 / 2.0)
+    assert not hasattr(bench, "predicted_speedup")  # one prediction: measure.cost's v(n) model
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
 
 
 def test_parse_spec_reads_variant_options():
-    from dvi_lite.study.bench import parse_spec
+    from dvi_lite.measure.timing import parse_spec
 
     assert parse_spec("kangaroo") == ("kangaroo", {})
     assert parse_spec("kangaroo:branch=2:threshold=0.4:adapter=none") == (
@@ -124,10 +125,10 @@ def test_step_log_is_the_per_step_record_behind_tau(tiny_model):
 
     model, tok = load_model(str(tiny_model), dtype="float32", device="cpu")
     prompts = [{"prompt": "def f(x):"}, {"prompt": "The module"}]
-    log = bench.step_log(model, tok, prompts, "sps", max_new_tokens=8, draft_model=model, K=3)
+    log = timing.step_log(model, tok, prompts, "sps", max_new_tokens=8, draft_model=model, K=3)
     assert log and all(isinstance(d, int) and 0 <= a <= d <= 3 for d, a in log)
     assert all(a == d for d, a in log)
-    assert all(d == 0 for d, _ in bench.step_log(model, tok, prompts, "ar", max_new_tokens=8))
+    assert all(d == 0 for d, _ in timing.step_log(model, tok, prompts, "ar", max_new_tokens=8))
 
 
 # --------------------------------------------------------------------------- Spec-Bench prompts, v(n), bad input
@@ -149,7 +150,7 @@ def spec_file(tmp_path, lines=SPEC_LINES):
 def test_bench_spec_bench_turns_2_on_the_course_model(tmp_path):
     """The course model has no chat template: Spec-Bench turns are raw string prompts; the JSON has per-group
     results, the v(n) table (v(1) == 1), and predictions computed from that table."""
-    from dvi_lite.study.cost import v_of
+    from dvi_lite.measure.cost import v_of
 
     out = tmp_path / "r.json"
     assert bench.main(["--model", "course", "--dtype", "float32", "--prompts", str(spec_file(tmp_path)),
@@ -188,7 +189,7 @@ def course():
 def test_prepare_raw_and_chat(course):
     """Without a chat template a turn is a raw string (turn 2: first turn, own answer, second turn); with one,
     chat messages (turn 2: user, assistant = the model's first answer, user). Our records stay as they are."""
-    from dvi_lite.study.specbench import parse_line
+    from dvi_lite.models.specbench import parse_line
 
     model, tok = course
     recs = [parse_line(x, i) for i, x in enumerate(SPEC_LINES[:2], 1)] + [{"prompt": "def f(x):", "domain": "code"}]

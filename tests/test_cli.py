@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from dvi_lite.cli import command_line, require_positive, run_or_usage_error
+from dvi_lite.commands import command_line, require_positive, run_or_usage_error
 
 
 def parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dvi_lite.study.cost import (
+from dvi_lite.measure.cost import (
     calibrate,
     forward_times,
     memory_bandwidth,
@@ -115,7 +115,7 @@ def test_memory_bandwidth():
 
 def test_gemv_rates_and_compute_peak_measure_something():
     """Shapes and signs only (the numbers are the machine's): a rate per size, all positive; bad sizes refused."""
-    from dvi_lite.study.cost import compute_peak, gemv_rates
+    from dvi_lite.measure.cost import compute_peak, gemv_rates
 
     rates = gemv_rates((0.25, 1), repeats=2)
     assert set(rates) == {0.25, 1} and all(r > 0 for r in rates.values())

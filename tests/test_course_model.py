@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dvi_lite
-from dvi_lite.course_model.corpus import load_prompts, verify_snapshot
+from dvi_lite.models.corpus import load_prompts, verify_snapshot
 from dvi_lite.models.loading import COURSE_MODEL, DRAFT_MODEL
 from dvi_lite.study.bench import spread
 

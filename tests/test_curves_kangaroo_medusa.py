@@ -200,7 +200,7 @@ def test_kangaroo_cli_on_the_token_record(built, tmp_path, monkeypatch, capsys):
     capsys.readouterr()
 
     # tau along the curve: each snapshot decodes as the adapter (study/curves.py), rows joined with the card
-    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.models.corpus import load_prompts
     from dvi_lite.study import curves
 
     prompts = load_prompts()[:2]

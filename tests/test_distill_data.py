@@ -242,7 +242,7 @@ def test_the_record_as_hard_labels_trains_an_sps_draft(course_model, tmp_path):
     out = distil(model, t, cfg, tmp_path / "sps", ckpt=tmp_path / "ckpt.pt", val=val)
     assert out["final"]["val_tokens"] == val.n_tokens and 0 <= out["final"]["val_agreement"] <= 1
     assert out["data"]["n_tokens"] == t.n_tokens
-    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.models.corpus import load_prompts
     from dvi_lite.study import curves
 
     rows = curves.curve_tau(model, tok, "sps", tmp_path / "sps" / "curve", load_prompts()[:2], 6, {"K": 3},

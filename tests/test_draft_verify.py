@@ -216,8 +216,8 @@ def test_objective_scores_each_position_as_the_drafters_first_step(model):
 
 
 def test_objective_positions_cap_and_value(model):
+    from dvi_lite.measure.cost import best_speedup
     from dvi_lite.methods.draft_verify.objective import SkipObjective, SublayerCosts, measure_sublayer_costs
-    from dvi_lite.study.cost import best_speedup
 
     cal = _calibration(model, [(0, 11), (0, 8), (0, 6)], max_positions=3)
     assert cal.batches[0].pos[0].tolist() == [0, 5, 10] and cal.n_positions == 9

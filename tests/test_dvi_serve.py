@@ -139,8 +139,8 @@ def test_cli_streams_specbench_questions_and_saves_half_precision(tmp_path):
 
 
 def test_cost_model_verdict_from_measured_inputs():
+    from dvi_lite.measure.cost import expected_tau, predicted_speedup
     from dvi_lite.methods.dvi.ablation import cost_model
-    from dvi_lite.study.cost import expected_tau, predicted_speedup
 
     assert expected_tau(0.5, 2) == pytest.approx(1.75) and expected_tau(0.0, 6) == 1.0
     v = {"1": 1.0, "2": 1.0, "9": 1.2}

@@ -187,10 +187,10 @@ def test_the_tree_budget_is_chosen_by_the_cost_model():
     """eagle-budget's core on the course model with an untrained head, v and c given (no timing): a row per N
     with tau in [1, 1 + K], the prediction tau / (v(N + 1) + K c), and the best N the one predicting most."""
     import dvi_lite
-    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.measure.cost import predicted_speedup
     from dvi_lite.methods.eagle.budget import budget_rows
     from dvi_lite.methods.eagle.head import EagleHead
-    from dvi_lite.study.cost import predicted_speedup
+    from dvi_lite.models.corpus import load_prompts
 
     model, tok = dvi_lite.load_model("course", dtype="float32")
     v = {1: 1.0, 5: 1.1, 9: 1.3, 17: 2.0}

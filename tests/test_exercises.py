@@ -14,8 +14,8 @@ from dvi_lite.core.sampling import sample
 from dvi_lite.core.verify import residual, verify_sampling_chain
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens
 from dvi_lite.course.exercises import EXERCISES, checks, names, solutions, stubs
+from dvi_lite.measure.cost import v_of
 from dvi_lite.methods.dvi.losses import lambda_schedule
-from dvi_lite.study.cost import v_of
 
 NAMES = names()
 P, Q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])

@@ -9,7 +9,7 @@ import pytest
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.course import ch00_foundations as f
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens
-from dvi_lite.study.cost import weight_bytes
+from dvi_lite.measure.cost import weight_bytes
 
 BW = {"copy_GBps": 20.0, "read_GBps": 10.0, "buffer_mib": 8}
 ROW = {"tokens_per_s": 50.0, "speedup_vs_ar": 1.0, "tau": None, "alpha": None}

@@ -1,5 +1,5 @@
-"""Guards on the package's layout: no import circles, short modules, lint clean, one CLI, a light import, no
-repeated logic. Each guard is one test, so a failure names what broke."""
+"""Guards on the package's layout: no import circles, imports that run one way (the layers), short modules, lint
+clean, one CLI, a light import, no repeated logic. Each guard is one test, so a failure names what broke."""
 from __future__ import annotations
 
 import ast
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dvi_lite.cli import COMMANDS, PROG
 from dvi_lite.cli import main as cli_main
+from dvi_lite.commands import COMMANDS, PROG
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dvi_lite"
@@ -186,6 +186,153 @@ def test_core_imports_nothing_outside_core():
     assert not outside, outside
 
 
+
+# ----------------------------------------------------------------------------- (a') layers: imports run one way
+
+# The package's layers, bottom first: a module may import its own layer and the layers below it, never one above.
+# A folder is a layer; the top-level modules are placed one by one: paths and the table of commands at the bottom;
+# the package's API (dvi_lite/__init__.py: core's loop and models' loaders) under the course, which teaches with it
+# (the modules below import from where a name lives, never from the API); `python -m dvi_lite` and its dispatcher
+# on top. The notebooks and scripts/ stand above all of it.
+LAYERS = ("base", "core", "measure", "models", "course_model", "methods", "study", "api", "course", "top")
+TOP_LEVEL = {"paths": "base", "commands": "base", "": "api", "cli": "top", "__main__": "top"}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module of the package: its folder under the package, or TOP_LEVEL's word for a top-level
+    module. A new folder or top-level module has no layer until it is placed here (a KeyError says so)."""
+    parts = module.split(".")[1:]
+    if len(parts) <= 1 and (parts[0] if parts else "") in TOP_LEVEL:
+        return TOP_LEVEL[parts[0] if parts else ""]
+    if parts[0] not in LAYERS:
+        raise KeyError(f"{module}: place its folder in LAYERS, or the module in TOP_LEVEL")
+    return parts[0]
+
+
+def package_modules(package_dir: Path) -> dict[str, Path]:
+    """Dotted name -> file for every .py under package_dir (a package is named by its __init__)."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict) -> list[str]:
+    """The package's modules one import statement names: `from pkg import mod` names pkg.mod when it is a module,
+    `from pkg.mod import name` names pkg.mod; relative imports are resolved from `module`."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in modules]
+    source = node.module or ""
+    if node.level:
+        base = (module if is_package else module.rpartition(".")[0]).split(".")
+        base = base[: len(base) - (node.level - 1)]
+        source = ".".join(base + ([source] if source else []))
+    out = []
+    for a in node.names:
+        if f"{source}.{a.name}" in modules:
+            out.append(f"{source}.{a.name}")
+        elif source in modules and source not in out:
+            out.append(source)
+    return out
+
+
+def upward_imports(package_dir: Path) -> list[str]:
+    """Every import, anywhere in a module (top level, inside functions, under TYPE_CHECKING), that reaches a
+    layer above the importing module's: "file:line: the import (layer -> the layer above it reaches)"."""
+    modules = package_modules(package_dir)
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    found = []
+    for module, path in modules.items():
+        mine = layer_of(module)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imported_modules(node, module, path.name == "__init__.py", modules):
+                theirs = layer_of(target)
+                if rank[theirs] > rank[mine]:
+                    where = path.relative_to(package_dir.parent)
+                    found.append(f"{where}:{node.lineno}: `{ast.unparse(node)}` reaches up from {mine} to "
+                                 f"{theirs} ({target})")
+    return found
+
+
+def test_imports_run_one_way():
+    """base < core < measure < models < course_model < methods < study < api < course < top: none reaches up."""
+    assert {layer_of(m) for m in MODULES} == set(LAYERS), "every layer has modules, and every module a layer"
+    up = upward_imports(PKG)
+    assert not up, f"imports that reach up a layer (order: {' < '.join(LAYERS)}):\n" + "\n".join(up)
+
+
+SYNTHETIC = {  # one module per layer, each importing downwards only
+    "dvi_lite/__init__.py": "from dvi_lite.core.loop import decode\n",
+    "dvi_lite/paths.py": "ROOT = None\n",
+    "dvi_lite/commands.py": "PROG = 'x'\n",
+    "dvi_lite/cli.py": "from dvi_lite.commands import PROG\n",
+    "dvi_lite/core/__init__.py": "",
+    "dvi_lite/core/loop.py": "from dvi_lite.paths import ROOT\n\ndef decode():\n    return ROOT\n",
+    "dvi_lite/measure/__init__.py": "",
+    "dvi_lite/measure/cost.py": "from ..core import loop\n",
+    "dvi_lite/models/__init__.py": "",
+    "dvi_lite/models/data.py": "from dvi_lite.measure.cost import loop\n",
+    "dvi_lite/course_model/__init__.py": "",
+    "dvi_lite/course_model/train.py": "from dvi_lite.models import data\n",
+    "dvi_lite/methods/__init__.py": "",
+    "dvi_lite/methods/recipe.py": "def run():\n    from dvi_lite.models.data import loop\n    return loop\n",
+    "dvi_lite/study/__init__.py": "",
+    "dvi_lite/study/bench.py": "from dvi_lite.methods import recipe\n\ndef bench():\n    return recipe\n",
+    "dvi_lite/course/__init__.py": "",
+    "dvi_lite/course/ch.py": "from dvi_lite.study.bench import bench\nfrom dvi_lite import decode\n",
+    "dvi_lite/__main__.py": "from dvi_lite.cli import PROG\n",
+}
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    """A clean synthetic package passes; an import inside a function, a relative one and one of the package's API
+    that reach up each fail, named by file, line, the import and the layers."""
+    pkg = tmp_path / "dvi_lite"
+    for rel, text in SYNTHETIC.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert upward_imports(pkg) == []
+    (pkg / "methods" / "recipe.py").write_text("import os\n\ndef run():\n    from dvi_lite.study.bench import bench\n"
+                                              "    return bench\n")
+    (pkg / "models" / "data.py").write_text("from ..course_model import train\n")
+    (pkg / "core" / "loop.py").write_text("def decode():\n    import dvi_lite\n    return dvi_lite\n")
+    assert upward_imports(pkg) == [
+        "dvi_lite/core/loop.py:2: `import dvi_lite` reaches up from core to api (dvi_lite)",
+        "dvi_lite/methods/recipe.py:4: `from dvi_lite.study.bench import bench` reaches up from methods to study "
+        "(dvi_lite.study.bench)",
+        "dvi_lite/models/data.py:1: `from ..course_model import train` reaches up from models to course_model "
+        "(dvi_lite.course_model.train)",
+    ]
+
+
+def test_a_planted_upward_import_in_a_copy_of_the_package_is_caught(tmp_path):
+    """The same check on a copy of the real package: a recipe's lazy import of the study's bench (the shape
+    issue 44 removed) fails it, named."""
+    copy = tmp_path / "dvi_lite"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert upward_imports(copy) == []
+    sizing = copy / "methods" / "sps" / "sizing.py"
+    lines = sizing.read_text().splitlines(keepends=True)
+    lines.append("\n\ndef planted():\n    from dvi_lite.study.bench import format_table\n\n    return format_table\n")
+    sizing.write_text("".join(lines))
+    up = upward_imports(copy)
+    assert up == [f"dvi_lite/methods/sps/sizing.py:{len(lines) + 3}: `from dvi_lite.study.bench import format_table` "
+                  "reaches up from methods to study (dvi_lite.study.bench)"]
+
+
+def test_every_top_level_module_and_folder_has_a_layer():
+    """A new folder or top-level module fails here until LAYERS or TOP_LEVEL places it."""
+    with pytest.raises(KeyError, match="place its folder"):
+        layer_of("dvi_lite.newfolder.mod")
+    with pytest.raises(KeyError):
+        layer_of("dvi_lite.helpers")
+    assert layer_of("dvi_lite") == "api" and layer_of("dvi_lite.cli") == "top" and layer_of("dvi_lite.paths") == "base"
+    assert layer_of("dvi_lite.methods.sps.sizing") == "methods"
+
+
 # ----------------------------------------------------------------------------- (b) short modules
 
 def test_no_module_is_too_long():
@@ -273,8 +420,9 @@ def test_import_needs_only_the_core_dependencies():
     assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
 
 
-def test_core_methods_and_models_import_without_the_course_extra():
-    names = sorted(m for m in MODULES if m.split(".")[1:2] in (["core"], ["methods"], ["models"]))
+def test_layers_below_the_study_import_without_the_course_extra():
+    names = sorted(m for m in MODULES if m.split(".")[1:2] in (["core"], ["measure"], ["models"], ["course_model"],
+                                                                 ["methods"]))
     code = BLOCK + ALONE % json.dumps(names)
     res = run_python(code)
     assert res.returncode == 0, res.stderr[-3000:]

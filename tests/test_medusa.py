@@ -511,7 +511,7 @@ def test_prepare_smoke_on_the_course_model(tmp_path):
 
 
 def test_ablation_picks_the_median_per_round_speedup():
-    from dvi_lite.methods.medusa.ablation import spec, summarise
+    from dvi_lite.study.medusa_ablation import spec, summarise
 
     row = lambda tps, tau: {"tokens_per_s_rounds": tps, "tau": tau, "alpha": 0.5, "c": 0.1,  # noqa: E731
                             "draft_depth_per_step": 3.0, "drafted_per_step": 12.0}

@@ -26,7 +26,7 @@ def test_every_make_drafter_rejects_k_naming_K(course, name):
 
 
 def test_bench_method_strings_reject_k_naming_K():
-    from dvi_lite.study.bench import parse_spec
+    from dvi_lite.measure.timing import parse_spec
 
     assert parse_spec("sps:K=4") == ("sps", {"K": 4})
     with pytest.raises(ValueError, match=K_MSG):

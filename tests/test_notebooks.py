@@ -83,8 +83,8 @@ def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path):
     assert not errors
     # smoke runs write the same keys as full runs: every prose tag, in any notebook, into a file this notebook
     # writes resolves against what it just wrote (a full run's prose refresh would otherwise stop on it)
-    from dvi_lite.course.prose import unresolved_tags
     from dvi_lite.paths import BUILD_DIR
+    from dvi_lite.study.prose import unresolved_tags
 
     bad = unresolved_tags(NBS, BUILD_DIR / "results", files=written_results(nb))
     assert not bad, "prose tags that the smoke run's results do not resolve:\n" + "\n".join(bad)
@@ -136,7 +136,7 @@ def test_markdown_images_and_notebook_links_resolve(nb: Path):
     assert not missing, f"{nb.name} links to missing files: {missing}"
 
 
-MAX_TITLE_CHARS = 110  # a figure title at plotly's default size fits the 900-px PNG (plots.PNG_SIZE) up to this:
+MAX_TITLE_CHARS = 110  # a figure title at plotly's default size fits the 900-px PNG (figures.PNG_SIZE) up to this:
 # the 106-character title of figures/08_position_acceptance.png ends about 60 px short of the edge
 
 

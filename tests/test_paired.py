@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from dvi_lite.study import cost, paired
+from dvi_lite.measure import cost, paired
 
 
 def test_rates_split_the_prefill_off():

@@ -69,7 +69,7 @@ def _greedy_equal(model, tok, prompts, **options) -> float:
 
 @pytest.mark.slow
 def test_greedy_equals_ar_on_the_course_model():
-    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.models.corpus import load_prompts
     from dvi_lite.study.bench import spread
 
     model, tok = dvi_lite.load_model()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dvi_lite.course import prose
+from dvi_lite.study import prose
 from dvi_lite.study.reproduce import notebooks
 
 NBS = notebooks()

@@ -17,7 +17,8 @@ def test_reproduce_timings_are_written_and_rendered(tmp_path, monkeypatch):
     import json
     import types
 
-    from dvi_lite.study import provenance, reproduce
+    from dvi_lite.measure import provenance
+    from dvi_lite.study import reproduce
 
     monkeypatch.setattr(provenance, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
@@ -46,7 +47,7 @@ def test_study_table_shows_held_memory_and_a_measured_peak_only_when_there_is_on
 
 def test_tau_vs_cost_names_each_method_with_its_measured_speedup_in_the_legend():
     """Methods sit close together on a CPU: a legend entry per method (its colour, its measured × AR), no labels."""
-    from dvi_lite.course.plots import method_color
+    from dvi_lite.measure.figures import method_color
     from dvi_lite.study.table import tau_vs_cost_figure
 
     rows = {"sps": {"tau": 1.2, "predicted_speedup": 1.0, "speedup_vs_ar": 0.99},

@@ -1,7 +1,7 @@
 """Committed notebook outputs are cleaned of machine paths, frozen progress bars and deprecation notices."""
 from pathlib import Path
 
-from dvi_lite.study.scrub import scrub
+from dvi_lite.measure.scrub import scrub
 
 ROOT = Path("/somewhere/dvi_lite").resolve()
 
@@ -37,7 +37,7 @@ def test_embedded_pngs_get_a_palette_and_stay_the_same_picture():
 
     from PIL import Image
 
-    from dvi_lite.study.scrub import shrink_png
+    from dvi_lite.measure.scrub import shrink_png
 
     im = Image.new("RGB", (300, 120), "white")
     for x in range(300):  # a chart-like picture: a few flat colours and a gradient line

@@ -381,7 +381,7 @@ def test_cost_model_hand_computed():
 
 
 def test_expected_tau_and_best_draft_length():
-    from dvi_lite.study.cost import best_speedup, expected_tau
+    from dvi_lite.measure.cost import best_speedup, expected_tau
 
     assert expected_tau(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
     assert expected_tau(1.0, 3) == 4.0 and expected_tau(0.0, 5) == 1.0
@@ -408,7 +408,7 @@ def test_uniform_sublayers_exact_count_and_spread():
 
 
 def test_alpha_and_c_needed_invert_the_value():
-    from dvi_lite.study.cost import alpha_needed, best_speedup, c_needed
+    from dvi_lite.measure.cost import alpha_needed, best_speedup, c_needed
 
     v = {1: 1.0, 9: 1.08, 17: 1.26}
     a = alpha_needed(1.3, 0.4, v)

@@ -15,7 +15,7 @@ import dvi_lite
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.models import loading
 from dvi_lite.models import smollm2 as conv
-from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts
+from dvi_lite.models.specbench import SPEC_BENCH_DEV, read_prompts
 
 
 def ensure_converted() -> None:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dvi_lite.study.specbench import GROUPS, SPEC_BENCH_DEV, read_prompts, second_turn, spread
+from dvi_lite.models.specbench import GROUPS, SPEC_BENCH_DEV, read_prompts, second_turn, spread
 
 
 def _write(tmp_path, lines: list) -> str:

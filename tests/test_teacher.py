@@ -8,8 +8,8 @@ import torch
 from dvi_lite.core.runner import Runner
 from dvi_lite.models import artifacts
 from dvi_lite.models.loading import load_model
+from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread, training_questions
 from dvi_lite.models.teacher import TeacherConfig, build_teacher, load_teacher, soft_ce, teacher_outputs
-from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread, training_questions
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ def test_a_real_run_explains_every_token(course, method):
 
 
 def test_generate_command_plain_when_not_a_terminal(capsys):
-    from dvi_lite.study import generate_cmd
+    from dvi_lite.course import generate_cmd
 
     args = generate_cmd.parser().parse_args(["--prompt", "the cat", "--method", "pld", "--max-new-tokens", "8",
                                              "--show", "--dtype", "float32"])
@@ -60,7 +60,7 @@ def test_generate_command_plain_when_not_a_terminal(capsys):
     (["--prompt", "x", "--method", "sps:k"], "key=value"),
 ])
 def test_generate_command_errors(argv, needle, capsys):
-    from dvi_lite.study import generate_cmd
+    from dvi_lite.course import generate_cmd
 
     with pytest.raises(SystemExit) as e:
         generate_cmd.main(argv)

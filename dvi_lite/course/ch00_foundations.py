@@ -1,13 +1,13 @@
 """Chapter 00: why token-by-token decoding is slow, in two regimes, and the course model itself.
 
 The whole of speculative decoding rests on one measurement: v(n), the cost of a forward over n new
-tokens in units of a 1-token forward (`study.cost.verify_cost`). Two regimes decide it at batch 1:
+tokens in units of a 1-token forward (`measure.cost.verify_cost`). Two regimes decide it at batch 1:
 - memory bound (a real model in bf16, or any model on a GPU): every forward streams all the weights
   from memory once, whatever n, so v(n) stays close to 1 for small n and verification is nearly free;
 - overhead / compute bound (the small fp32 course model on a CPU): per-operator framework cost and the
   arithmetic itself dominate, v(n) grows with n, and the same acceptance buys much less speedup.
 The roofline places decoding between them: bytes one AR token moves (weights + the KV cache it reads)
-divided by the time per token, against the machine's measured memory bandwidth (`study.cost`).
+divided by the time per token, against the machine's measured memory bandwidth (`measure.cost`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.kvcache import kv_bytes, kv_shape
 from dvi_lite.course.ch01_speculative_sampling import expected_tokens
 from dvi_lite.course.modes import current_mode
+from dvi_lite.measure.cost import predicted_speedup, v_of, weight_bytes
 from dvi_lite.models.loading import COURSE_MODEL
-from dvi_lite.study.cost import predicted_speedup, v_of, weight_bytes
 from dvi_lite.study.table import check_bench, finite, require
 
 VERIFY_NS_MAX = 9  # n = K + 1 for the draft lengths the invariant compares (K <= 8)

@@ -23,9 +23,9 @@ from dvi_lite.core.generate import generate, prompt_ids
 from dvi_lite.core.sampling import Sampler, make_generator
 from dvi_lite.core.verify import first_token_law, residual, verify_sampling_chain
 from dvi_lite.course.ch01_parity import parity_study
+from dvi_lite.measure.cost import expected_tau, predicted_speedup
+from dvi_lite.measure.timing import bench, leviathan_speedup
 from dvi_lite.methods.sps import resolve_draft
-from dvi_lite.study.bench import bench, leviathan_speedup
-from dvi_lite.study.cost import expected_tau, predicted_speedup
 from dvi_lite.study.table import check_bench, finite, require
 
 P_MIN = 1e-3  # a chi-square p-value below this rejects "distributed as p" (the tests' threshold)
@@ -126,7 +126,7 @@ def expected_tokens(alpha: float, K: int) -> float:
 
 def formula_curve(alpha: float, c: float, ks: list[int], v: Mapping | None = None) -> dict[str, list[float]]:
     """Predicted tokens per step and speedup for each K, and the best K: tau(K) / (v(K+1) + K c) with the measured
-    verify-cost table v {n: v(n)} (study.cost), or Leviathan et al.'s v = 1 (bench.leviathan_speedup) when v is None.
+    verify-cost table v {n: v(n)} (measure.cost), or Leviathan et al.'s v = 1 (timing.leviathan_speedup) when v is None.
 
     tau saturates at 1 / (1 - alpha) while the drafting cost K c grows linearly: the optimum is interior.
     """

@@ -15,9 +15,9 @@ import torch
 
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
-from dvi_lite.course_model.train import TrainConfig, batch, encode_split
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, load_adapter
 from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
+from dvi_lite.models.training import TrainConfig, batch, encode_split
 from dvi_lite.paths import BUILD_DIR
 from dvi_lite.study.table import check_bench, require
 

@@ -6,11 +6,11 @@ import torch
 from dvi_lite.core.engine import decode
 from dvi_lite.core.runner import Runner, Skip
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.course_model.train import TrainConfig, batch, encode_split
 from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
 from dvi_lite.methods.draft_verify.drafter import DraftVerifyDrafter
 from dvi_lite.methods.draft_verify.search import time_per_token
 from dvi_lite.methods.draft_verify.skipset import n_skipped, random_skips, skip_to_dict, uniform_skip
+from dvi_lite.models.training import TrainConfig, batch, encode_split
 from dvi_lite.study.table import check_bench, finite, require
 
 

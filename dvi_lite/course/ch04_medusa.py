@@ -7,11 +7,11 @@ from dvi_lite.core.engine import decode
 from dvi_lite.core.registry import get_method
 from dvi_lite.core.runner import Runner, ancestor_matrix, tree_depths
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.course_model.train import encode_split
+from dvi_lite.measure.timing import bench
 from dvi_lite.methods.medusa.drafter import medusa_summary
 from dvi_lite.methods.medusa.heads import MedusaHeads
 from dvi_lite.methods.medusa.train import MedusaTrainConfig, head_accuracy, train_loop, val_losses
-from dvi_lite.study.bench import bench
+from dvi_lite.models.training import encode_split
 from dvi_lite.study.table import check_bench, finite, require
 
 

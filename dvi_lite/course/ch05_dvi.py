@@ -97,7 +97,7 @@ def load_ablation(path: str | Path | None = None) -> dict:
     """The real-model ablation (results/15_dvi_smollm2.json, written by `python -m dvi_lite.methods.dvi.ablation`)."""
     import json
 
-    from dvi_lite.study.provenance import RESULTS_DIR
+    from dvi_lite.measure.provenance import RESULTS_DIR
 
     p = Path(path) if path is not None else RESULTS_DIR / ABLATION
     if not p.is_file():

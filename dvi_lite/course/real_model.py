@@ -31,12 +31,13 @@ def load_real(smoke: bool, n_prompts: int, max_new_tokens: int, name: str = "smo
     """SmolLM2 (`name`, `dtype`) on the first `n_prompts` Spec-Bench dev questions of the bench's spread; in
     smoke mode the course model (fp32) on its held-out prompts instead."""
     import dvi_lite
-    from dvi_lite.study import bench, specbench
+    from dvi_lite.models import specbench
+    from dvi_lite.study import bench
 
     if n_prompts < 1:
         raise ValueError(f"n_prompts must be >= 1, got {n_prompts}")
     if smoke:
-        from dvi_lite.course_model.corpus import load_prompts
+        from dvi_lite.models.corpus import load_prompts
 
         model, tok = dvi_lite.load_model(None)
         return RealModel(model, tok, bench.spread(load_prompts(), n_prompts), "course model (smoke)", True)

@@ -1,9 +1,10 @@
 """Train the course model (and its small draft model) on the corpus: `python -m dvi_lite train`.
 
-nanoGPT-style: one dataclass config (a comment per default), a token stream from the train split,
-AdamW with warm-up + cosine decay to a floor, fp32 (bf16 autocast's backward is far slower on a CPU), tqdm
-progress, checkpoints every few minutes and `--resume`. The result is an HF `LlamaForCausalLM` folder (fp16
-safetensors + tokenizer + MODEL_CARD.md + card.json), so everything downstream loads it like any HF checkpoint.
+nanoGPT-style: one dataclass config (a comment per default), a token stream from the train split, AdamW with
+warm-up + cosine decay to a floor (the config, schedule and batching are models.training's, which the methods'
+recipes share), fp32 (bf16 autocast's backward is far slower on a CPU), tqdm progress, checkpoints every few
+minutes and `--resume`. The result is an HF `LlamaForCausalLM` folder (fp16 safetensors + tokenizer +
+MODEL_CARD.md + card.json), so everything downstream loads it like any HF checkpoint.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,40 +20,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dvi_lite.cli import command_line, prog
-from dvi_lite.course_model.corpus import DOMAINS, load_docs, load_prompts
-from dvi_lite.course_model.tokenizer import EOS, train_tokenizer
+from dvi_lite.commands import command_line, prog
+from dvi_lite.measure.provenance import provenance
+from dvi_lite.models.corpus import DOMAINS, load_prompts
+from dvi_lite.models.tokenizer import EOS, train_tokenizer
+from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
-from dvi_lite.study.provenance import provenance
 
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
-
-
-@dataclass
-class TrainConfig:
-    out_dir: str = str(DATA_DIR / "course_model")  # where the HF folder is written
-    n_layer: int = 12  # deep enough for layer-wise methods (exit layers, skipping)
-    d_model: int = 256  # hidden size
-    n_head: int = 8  # query heads (head_dim = d_model / n_head)
-    n_kv_head: int = 4  # key/value heads: GQA, so the code paths real Llama/Qwen models use are exercised
-    d_ff: int = 704  # SwiGLU intermediate size (~2.75 d)
-    vocab_size: int = 8192  # BPE vocabulary (byte-level)
-    max_pos: int = 512  # RoPE context the model is configured for
-    seq_len: int = 256  # training window
-    batch_size: int = 16  # windows per step
-    steps: int = 900  # optimiser steps (tokens seen = steps * batch_size * seq_len)
-    lr: float = 2e-3  # peak learning rate
-    min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac, never to zero
-    warmup: int = 60  # linear warm-up steps
-    weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
-    grad_clip: float = 1.0  # global norm clip
-    eval_every: int = 100  # steps between val-loss estimates
-    eval_batches: int = 8  # windows per domain per val estimate
-    ckpt_every_s: float = 300.0  # seconds between checkpoints (resume with --resume)
-    seed: int = 1234  # one seed for init, data order and sampling
-    threads: int = 0  # torch threads (0 = torch default)
-    extra: dict = field(default_factory=dict)
-
 
 PRESETS = {
     "course": TrainConfig(),
@@ -69,26 +44,6 @@ def get_tokenizer(vocab_size: int = 8192) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast.from_pretrained(str(TOKENIZER_DIR))
 
 
-_ENCODED: dict = {}  # (tokenizer path, vocab size, split, domain) -> stream: encode each split once per process
-
-
-def encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None = None) -> np.ndarray:
-    """One flat uint16 token stream, documents separated by EOS (cached per process)."""
-    key = (tok.name_or_path, len(tok), split, domain)
-    if key not in _ENCODED:
-        _ENCODED[key] = _encode_split(tok, split, domain)
-    return _ENCODED[key]
-
-
-def _encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None) -> np.ndarray:
-    eos = tok.convert_tokens_to_ids(EOS)
-    ids: list[int] = []
-    texts = [d.text for d in load_docs(split, domain)]
-    for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
-        ids += enc.ids + [eos]
-    return np.asarray(ids, dtype=np.uint16)
-
-
 def model_config(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaConfig:
     eos = tok.convert_tokens_to_ids(EOS)
     return LlamaConfig(
@@ -97,21 +52,6 @@ def model_config(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaConfig:
         max_position_embeddings=cfg.max_pos, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
     )
-
-
-def batch(data: np.ndarray, cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    ix = torch.randint(len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-    x = torch.stack([torch.from_numpy(data[i : i + cfg.seq_len].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + cfg.seq_len].astype(np.int64)) for i in ix])
-    return x, y  # (B, T), (B, T)
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Warm-up, then cosine to a non-zero floor (Gorgon's lesson: never decay to zero)."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 @torch.no_grad()

@@ -41,6 +41,13 @@ def fingerprint(model) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def model_facts(name: str | None, model) -> dict:
+    """Which model a result is about: the name it was asked for ("course", "smollm2" or a folder), its
+    fingerprint (the same weights give the same one in any dtype) and the dtype it ran in."""
+    return {"model": str(name) if name is not None else "course", "fingerprint": fingerprint(model),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+
+
 def artifacts_dir(model) -> Path:
     """data/ for the course model, data/smollm2/ for SmolLM2 (both committed), build/models/<fingerprint>/ else."""
     fp = fingerprint(model)

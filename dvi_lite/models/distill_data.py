@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
@@ -255,7 +255,7 @@ def build_corpus_shard(model, tok, cfg: DistillConfig, folder: Path) -> dict | N
     """cfg.corpus_windows windows of the corpus' train split, through the teacher (no answers: all positions)."""
     if cfg.corpus_windows == 0 or (folder / "corpus.json").is_file():
         return None
-    from dvi_lite.course_model.train import encode_split
+    from dvi_lite.models.training import encode_split
 
     t0 = time.time()
     data = torch.as_tensor(encode_split(tok, "train").astype("int64"))
@@ -272,7 +272,7 @@ def build_corpus_shard(model, tok, cfg: DistillConfig, folder: Path) -> dict | N
 
 def write_card(model, folder: Path, cfg: DistillConfig, command: str) -> dict:
     """card.json from every finished shard: counts per source and task group, duplicates, tokens, throughput."""
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
 
     metas = done_shards(folder)
     corpus = json.loads((folder / "corpus.json").read_text()) if (folder / "corpus.json").is_file() else None
@@ -309,7 +309,7 @@ def build(model, tok, cfg: DistillConfig, folder: str | Path | None = None, comm
     """Build (or resume) the set until it holds cfg.tokens answer tokens; returns the card (the record's when
     cfg.states is off). `record` (None: none) keeps every shard's ids: a recorded shard is never generated again,
     only its states are rebuilt when cfg.states asks. `only`: the states of these recorded shards alone."""
-    from dvi_lite.study import specbench
+    from dvi_lite.models import specbench
 
     cfg.check()
     folder = Path(folder) if folder is not None else distill_dir(model)

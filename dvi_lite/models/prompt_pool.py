@@ -20,7 +20,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from dvi_lite.study import specbench
+from dvi_lite.models import specbench
 
 # The groups whose prompts the model writes itself, and the categories that seed each one.
 SELF_INSTRUCT_SEEDS: dict[str, tuple[str, ...]] = {
@@ -51,7 +51,7 @@ class Passages:
 
     @classmethod
     def from_corpus(cls, split: str = "train") -> "Passages":
-        from dvi_lite.course_model.corpus import load_docs
+        from dvi_lite.models.corpus import load_docs
 
         paragraphs, sentences = [], []
         for doc in load_docs(split, "prose"):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
@@ -106,7 +106,7 @@ def own_answers(model, tok, questions: list[dict], cfg: TeacherConfig) -> list[l
 
 def corpus_rows(tok, cfg: TeacherConfig) -> list[list[int]]:
     """cfg.corpus_windows windows of cfg.seq_len tokens from the course corpus' train split."""
-    from dvi_lite.course_model.train import encode_split
+    from dvi_lite.models.training import encode_split
 
     data = torch.as_tensor(encode_split(tok, "train")).long()
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -176,8 +176,8 @@ def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: i
 
 def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None, command: str = "") -> TeacherData:
     """Generate the own answers, run the teacher over them and the corpus windows, save to `path`."""
-    from dvi_lite.study import specbench
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
+    from dvi_lite.models import specbench
 
     check_int("answers", cfg.answers, 0)
     check_int("corpus_windows", cfg.corpus_windows, 0)

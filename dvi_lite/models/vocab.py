@@ -55,8 +55,8 @@ def count_tokens(tokenizer, texts: Iterable[str], vocab_size: int, batch: int = 
 
 
 def corpus_texts(split: str = "train") -> list[str]:
-    """The course corpus (dvi_lite.course_model.corpus), one text per document: what every map is counted on."""
-    from dvi_lite.course_model.corpus import load_docs
+    """The course corpus (dvi_lite.models.corpus), one text per document: what every map is counted on."""
+    from dvi_lite.models.corpus import load_docs
 
     return [d.text for d in load_docs(split)]
 
@@ -106,7 +106,7 @@ def build_vocab_map(model, tokenizer, n: int, texts: Sequence[str] | None = None
         mixed = mixed + own.double() / max(1, int(own.sum()))
     ids = top_ids(mixed, n)
     total = int(counts.sum())
-    from dvi_lite.study.provenance import provenance  # lazy: provenance reads git and the environment
+    from dvi_lite.measure.provenance import provenance  # lazy: provenance reads git and the environment
 
     card = {"n": n, "vocab_size": v, "coverage": float(counts[ids.long()].sum()) / total if total else None,
             "answers_coverage": None if own is None else float(own[ids.long()].sum()) / max(1, int(own.sum())),

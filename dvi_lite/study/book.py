@@ -23,7 +23,7 @@ import nbformat
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
 from dvi_lite.paths import BUILD_DIR, ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
+from dvi_lite.measure.timing import decode_counts
 
 # method -> the option that takes its piece (a snapshot file is the piece's own file format)
 PIECE_OPTION = {"sps": "draft_model", "kangaroo": "adapter", "medusa": "heads", "eagle": "head", "dvi": "state"}
@@ -45,20 +46,6 @@ def piece(model, method: str, path: Path):
 
         return load_draft(model, path)
     return path
-
-
-def decode_counts(model, tok, prompts: list[dict], method: str, max_new_tokens: int, options: dict) -> dict:
-    """Greedy decoding of every prompt: tau, alpha, the first draft position's acceptance, decode-loop forwards."""
-    from dvi_lite.core.engine import acceptance_rate, position_acceptance
-    from dvi_lite.study.bench import step_log
-
-    log = step_log(model, tok, prompts, method, max_new_tokens, **options)
-    steps = len(log)
-    accepted = sum(a for _, a in log)
-    first = position_acceptance(log)
-    return {"tau": round((accepted + steps) / steps, 4) if steps else None,
-            "alpha": None if (a := acceptance_rate(log)) is None else round(a, 4),
-            "first_acceptance": round(first[0], 4) if first else None, "target_forwards": steps}
 
 
 def curve_tau(model, tok, method: str, folder: str | Path, prompts: list[dict], max_new_tokens: int = 128,
@@ -93,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
+        from dvi_lite.measure.provenance import write_result
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.provenance import write_result
-        from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
+        from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         check_int("questions", args.questions, 1, EVAL_QUESTIONS)
         model, tok = load_model(args.model, dtype=args.dtype)

@@ -15,7 +15,7 @@ import re
 import shutil
 import tomllib
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
 from dvi_lite.paths import DATA_DIR, ROOT
 
 PYPROJECT = ROOT / "pyproject.toml"

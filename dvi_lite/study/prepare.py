@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import default_split
 from dvi_lite.models.artifacts import COURSE_FINGERPRINT, artifacts_dir, fingerprint
 
@@ -131,12 +131,12 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
             only: tuple[str, ...] = ()) -> dict[str, str]:
     """Train what `model_path` lacks; returns {piece: file}. The course model needs nothing. data, max_minutes,
     only: SmolLM2's recipes (prepare_smollm2)."""
+    from dvi_lite.measure.provenance import provenance
     from dvi_lite.methods.draft_verify import search as dv
     from dvi_lite.methods.dvi import cli as dvi
     from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
     from dvi_lite.methods.medusa.train import MedusaTrainConfig, train_heads
     from dvi_lite.models.loading import load_model
-    from dvi_lite.study.provenance import provenance
 
     if model_path is not None and str(model_path) == "smollm2":
         return prepare_smollm2("smollm2", force, command, smoke=cfg == PrepareConfig.smoke(), data=data,

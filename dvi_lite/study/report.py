@@ -9,9 +9,9 @@ import argparse
 import json
 from pathlib import Path
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
+from dvi_lite.measure.provenance import RESULTS_DIR
 from dvi_lite.paths import ROOT
-from dvi_lite.study.provenance import RESULTS_DIR
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 README = ROOT / "README.md"

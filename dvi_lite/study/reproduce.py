@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from dvi_lite.cli import command_line, prog
+from dvi_lite.commands import command_line, prog
+from dvi_lite.measure.scrub import scrub
 from dvi_lite.paths import BUILD_DIR, ROOT, STAGE_ENV, atomic_write_text
-from dvi_lite.study.scrub import scrub
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
@@ -120,7 +120,7 @@ def run_notebook(nb: Path, mode: str, parameters: dict | None = None) -> float:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if mode == "full":  # fig.show() -> plotly's native output + a PNG fallback (plots.notebook_renderer)
-        from dvi_lite.course.plots import RENDERER_ENV, browser_available
+        from dvi_lite.measure.figures import RENDERER_ENV, browser_available
 
         os.environ[RENDERER_ENV] = "plotly_mimetype+png" if browser_available() else "plotly_mimetype"
     t0 = time.time()
@@ -136,7 +136,7 @@ def write_timings(times: dict[str, float], total_s: float, mode: str, command: s
     `make` exports DVI_MAKE_START (its own start, epoch seconds), so the total includes the `.venv`
     setup a fresh clone pays; run directly, the total is the notebooks alone.
     """
-    from dvi_lite.study.provenance import write_result
+    from dvi_lite.measure.provenance import write_result
 
     start = os.environ.get("DVI_MAKE_START")
     # a resumed run's notebooks ran in several invocations: its setup time is not measured
@@ -152,7 +152,7 @@ def finish_full_run(ran: list[Path], times: dict[str, float]) -> int:
     """After every notebook of a full run has run: check every prose tag against the staged results (then the
     committed ones); if any fails, change nothing and say what to do. Else put the results, figures and the executed
     notebooks in place together, refresh the prose and regenerate the README."""
-    from dvi_lite.course.prose import refresh_notebooks, unresolved_tags
+    from dvi_lite.study.prose import refresh_notebooks, unresolved_tags
     from dvi_lite.study.report import update_readme
 
     bad = unresolved_tags(notebooks(), [STAGE / "results", ROOT / "results"])
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "smoke" if args.smoke else "learner" if args.learner else "full"
     committed = mode == "full" and not args.model  # a full run of the committed course: its outputs go in place
     if committed:
-        from dvi_lite.course.plots import browser_available
+        from dvi_lite.measure.figures import browser_available
 
         if not browser_available():  # the committed notebooks need their PNG fallbacks (tests/test_notebooks.py)
             ap.error("a full run writes the committed notebooks, whose figures need a PNG fallback, and kaleido needs "

@@ -57,7 +57,7 @@ def fit(tokens: Sequence[float], values: Sequence[float]) -> Fit:
 def alpha_for(speedup: float, c: float, v: Mapping, k_max: int = 8) -> float | None:
     """The least per-token acceptance α at which the cost model predicts `speedup` (best K <= k_max, τ geometric in
     α) for a draft of cost c; None when even α = 1 falls short."""
-    from dvi_lite.study.cost import alpha_needed
+    from dvi_lite.measure.cost import alpha_needed
 
     return alpha_needed(speedup, c, v, k_max)
 
@@ -81,7 +81,7 @@ def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agree
     and, when given, the target the cost model asks for (a dashed line)."""
     import plotly.graph_objects as go
 
-    from dvi_lite.course.plots import method_color
+    from dvi_lite.measure.figures import method_color
 
     fig = go.Figure()
     for m, rows in curves.items():
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from dvi_lite.cli import command_line, prog
+    from dvi_lite.commands import command_line, prog
 
     ap = argparse.ArgumentParser(prog=prog("scaling"), description=__doc__.splitlines()[0])
     ap.add_argument("--bench", required=True, help="a bench results file with the pieces' rows (their c) and v(n)")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:9s} at {last['tokens']:>9,} tokens agreement {last['val_agreement']:.3f} "
                   f"(+{t['fit']['b_per_doubling']:.3f}/doubling); {t['speedup']}x needs {need}: {more}")
     if args.json:
-        from dvi_lite.study.provenance import provenance
+        from dvi_lite.measure.provenance import provenance
 
         res = {"pieces": rep, "bench": args.bench, "provenance": provenance(command_line("scaling", argv))}
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")

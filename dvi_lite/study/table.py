@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 
 from dvi_lite.core.kvcache import kv_bytes
+from dvi_lite.measure.timing import bench
 from dvi_lite.models.loading import DRAFT_MODEL
-from dvi_lite.study.bench import bench
 
 # method -> (paper, headline claim as the authors report it, setting); from REFERENCE.md, not measured here
 PAPERS: dict[str, dict] = {
@@ -148,7 +148,7 @@ def tau_vs_cost_figure(results: dict, methods: list[str]):
     CPU, so they are named in the legend (one colour each) rather than by text labels that would overlap."""
     import plotly.graph_objects as go
 
-    from dvi_lite.course.plots import method_color
+    from dvi_lite.measure.figures import method_color
 
     d = {m: results[m]["tau"] / results[m]["predicted_speedup"] for m in methods}
     x_max = max([1.5, *d.values()]) * 1.15

@@ -35,10 +35,10 @@ from dvi_lite.course.exercises.checks_training import (  # noqa: F401 - re-expor
     check_soft_ce,
     check_trim_targets,
 )
+from dvi_lite.measure.cost import predicted_speedup, v_of
 from dvi_lite.methods.draft_verify.adaptive import AdaptiveThreshold
 from dvi_lite.methods.dvi.losses import lambda_curve, lambda_schedule
 from dvi_lite.methods.early_exit import EarlyExitDrafter
-from dvi_lite.study.cost import predicted_speedup, v_of
 
 P_PASS = P_MIN / 10  # the p-value a correct sampler must beat in each χ² test of a check
 # made-up v(n) tables: memory-, overhead-, compute-bound, a step, flat (free), sparse (v_of extrapolates past 3)
@@ -61,7 +61,7 @@ def _close(got, want: float, label: str, tol: float = 1e-9, hint: str = "") -> N
 
 
 def _speedup(alpha: float, k: int, c: float, v: Mapping) -> float:
-    """The package's prediction: τ(K) (ch01) over v(K+1) + K·c (study.cost)."""
+    """The package's prediction: τ(K) (ch01) over v(K+1) + K·c (measure.cost)."""
     return predicted_speedup(reference_tokens(alpha, k), k, c, v)
 
 
@@ -361,12 +361,12 @@ def check_floor_step(fn: Callable) -> str:
 # --------------------------------------------------------------------------- 08 the study
 
 def check_paired_speedup(fn: Callable) -> str:
-    """Against the bench's own pairing (study.paired.per_prompt_ratios, then the median over prompts), on seeded
+    """Against the bench's own pairing (measure.paired.per_prompt_ratios, then the median over prompts), on seeded
     rounds with a drifting machine and missing decode phases."""
     import random
     import statistics
 
-    from dvi_lite.study.paired import per_prompt_ratios
+    from dvi_lite.measure.paired import per_prompt_ratios
 
     rng = random.Random(0)
     for case in range(60):

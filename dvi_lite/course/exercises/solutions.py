@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from dvi_lite.core.sampling import sample
-from dvi_lite.study.cost import v_of
+from dvi_lite.measure.cost import v_of
 
 # --------------------------------------------------------------------------- 00 foundations
 

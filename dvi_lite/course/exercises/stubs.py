@@ -31,7 +31,7 @@ def break_even_alpha(K: int, c: float, v_table: Mapping[int, float]) -> float | 
 
     predicted speedup = τ / (v(K+1) + K·c) with τ = (1 − α^{K+1}) / (1 − α), which rises from 1 (α = 0)
     to K + 1 (α = 1). Solve τ(α) = v(K+1) + K·c for α in [0, 1] (to 1e-6); read v(n) from the measured
-    table with `dvi_lite.study.cost.v_of`. Return 0.0 if the cost is <= 1 (any α pays) and None if it
+    table with `dvi_lite.measure.cost.v_of`. Return 0.0 if the cost is <= 1 (any α pays) and None if it
     is > K + 1 (no drafter, however good, pays on this machine at this K).
     Why: before training anything, it says how good a drafter must be on this machine.
     """

@@ -28,7 +28,7 @@ import torch
 
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.runner import Runner, Skip
-from dvi_lite.study.cost import best_speedup, expected_tau
+from dvi_lite.measure.cost import best_speedup, expected_tau
 
 # ----------------------------------------------------------------------------- c: the cost model
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog
+from dvi_lite.commands import command_line, prog
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.draft_verify.bo import SearchConfig, SearchResult, search_skip
 from dvi_lite.methods.draft_verify.objective import Calibration, SkipObjective, measure_sublayer_costs
@@ -78,7 +78,7 @@ def answer_spans(data, tok) -> tuple[list[int], list[tuple[int, int]]]:
     no own answers (a model without a chat template, e.g. the course model's corpus-only teacher): every
     row, scored at every position."""
     from dvi_lite.core.generate import prompt_ids
-    from dvi_lite.study.specbench import SPEC_BENCH_DEV, read_prompts
+    from dvi_lite.models.specbench import SPEC_BENCH_DEV, read_prompts
 
     ids = data.card.get("questions") or []
     keep = int(data.card.get("config", {}).get("prompt_tokens", 320))
@@ -218,9 +218,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     teacher: the teacher file (default: the model's, `teacher.teacher_path`; smoke builds a tiny one in out_dir
     when it is missing). v: the v(n) table (default: SmolLM2 bf16's measured one). Returns the summary.
     """
+    from dvi_lite.measure.provenance import device_name, git_commit, provenance
     from dvi_lite.models.loading import load_once
     from dvi_lite.models.teacher import TeacherConfig, load_teacher, teacher_outputs, teacher_path
-    from dvi_lite.study.provenance import device_name, git_commit, provenance
 
     cfg = cfg if cfg is not None else RecipeConfig.smoke() if smoke else RecipeConfig()
     torch.manual_seed(cfg.seed)
@@ -272,7 +272,7 @@ def _arm_row(arm: dict, target: float, v) -> dict:
     held-out rows, its draft cost c and K, and whether it can pay at all: the acceptance the cost model needs
     at this c for break-even (1.0x) and for `target` (None: not even alpha = 1 reaches it), against the
     held-out alpha_hat the skip set has."""
-    from dvi_lite.study.cost import alpha_needed
+    from dvi_lite.measure.cost import alpha_needed
 
     c = arm["calibration"]["c"]
     row = {f"{part}_{key}": arm[part][key] for part in ("calibration", "heldout") for key in ("speedup", "alpha_hat")}
@@ -287,8 +287,8 @@ def write_results(summary_path: str | Path, bench_paths: list[str | Path], out: 
                   target: float = 1.3) -> dict:
     """results/15_draft_verify_smollm2.json: the search (every arm on calibration and held-out rows, per
     ratio), the bench runs of the chosen set, and what the cost model says `target` would need."""
-    from dvi_lite.study.cost import alpha_needed, c_needed
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.cost import alpha_needed, c_needed
+    from dvi_lite.measure.provenance import provenance
 
     summ = json.loads(Path(summary_path).read_text())
     v = load_v()

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Skip
-from dvi_lite.course_model.corpus import make_prompts
 from dvi_lite.methods.draft_verify.bo import SAMPLERS, SearchConfig, SearchResult, search_skip
 from dvi_lite.methods.draft_verify.recipe import prepare_smollm2
 from dvi_lite.methods.draft_verify.skipset import n_skipped, skip_file, skip_to_dict
 from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.corpus import make_prompts
 
 # Public names of the search: the engine from `bo` and SmolLM2's recipe from `recipe` are re-exported, so
 # notebooks, tests and `study.prepare` (which names "...draft_verify.search:prepare_smollm2") keep importing
@@ -78,7 +78,7 @@ def _search_from_args(args: argparse.Namespace) -> tuple[Any, SearchResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
 
     ap = argparse.ArgumentParser(prog=prog("draft-verify-search"),
                                  description="Search Draft & Verify's skip set by Bayesian optimisation")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dvi_lite.cli import run_or_usage_error
+from dvi_lite.commands import run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
@@ -63,8 +63,8 @@ def parser() -> argparse.ArgumentParser:
 
 def cost_model(res: dict, v: dict, c: float, target: float = 1.3, ks: tuple[int, ...] = (1, 2, 3, 4, 6)) -> dict:
     """What the cost model says: each arm's held-out alpha -> predicted speedup at the best K (geometric tau),
-    and the per-token acceptance needed for `target` x AR at each K (study.cost.predicted_speedup)."""
-    from dvi_lite.study.cost import alpha_needed, expected_tau, predicted_speedup
+    and the per-token acceptance needed for `target` x AR at each K (measure.cost.predicted_speedup)."""
+    from dvi_lite.measure.cost import alpha_needed, expected_tau, predicted_speedup
 
     def best(alpha: float) -> dict:
         rows = [{"K": k, "speedup": predicted_speedup(expected_tau(alpha, k), k, c, v)} for k in ks]
@@ -77,7 +77,7 @@ def cost_model(res: dict, v: dict, c: float, target: float = 1.3, ks: tuple[int,
 
 
 def run(args: argparse.Namespace, command: str) -> dict:
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
 
     if args.cost_model:
         if not args.json or not Path(args.json).is_file():
@@ -155,8 +155,8 @@ def paper_ablation(model, tok, train: TeacherData, val: TeacherData, base: DVICo
     lower), with "separated" saying whether the ranking's neighbours' intervals are disjoint.
     Returns a JSON-ready dict with provenance (results/...json).
     """
+    from dvi_lite.measure.provenance import provenance
     from dvi_lite.methods.dvi.serve import arm_config
-    from dvi_lite.study.provenance import provenance
 
     recipe = (recipe or paper.PaperRecipe()).check()
     if not seeds or len(set(seeds)) != len(seeds):

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dvi_lite.cli import command_line, require_positive, run_or_usage_error
+from dvi_lite.commands import command_line, require_positive, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.ablation import paper_ablation
@@ -56,7 +56,7 @@ def train_prompts(tok, path: str | Path | None = None, n_per_domain: int = 400, 
                   max_len: int = 192) -> list[list[int]]:
     """Prompt ids for training: a JSONL file (field 'prompt') or the corpus' train split (never the
     held-out test prompts), each cut to its last max_len tokens, shuffled with `seed`."""
-    from dvi_lite.course_model.corpus import load_prompts, make_prompts
+    from dvi_lite.models.corpus import load_prompts, make_prompts
 
     recs = load_prompts(path) if path else make_prompts(n_per_domain, seed, split="train")
     ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"][-max_len:] for r in recs]
@@ -295,9 +295,9 @@ def recipe_metric(res: dict) -> str:
 
 def train(args: argparse.Namespace, command: str) -> dict:
     """The run main() describes: returns the card it writes to <out>/card.json."""
-    from dvi_lite.course_model.corpus import load_prompts
+    from dvi_lite.measure.provenance import provenance
+    from dvi_lite.models.corpus import load_prompts
     from dvi_lite.models.loading import load_model
-    from dvi_lite.study.provenance import provenance
 
     cfg = DVIConfig(split=args.split, rl_variant=args.rl, kl_floor=args.kl_floor, lr=args.lr,
                     t_lambda=args.t_lambda if args.t_lambda is not None else max(1.0, args.steps / 5),

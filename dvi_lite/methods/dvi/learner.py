@@ -26,13 +26,13 @@ from dvi_lite.core.engine import acceptance_rate, decode
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.core.runner import Runner
 from dvi_lite.core.sampling import Sampler, make_generator
-from dvi_lite.course_model.train import lr_at
 from dvi_lite.methods.dvi.buffer import ReplayBuffer
 from dvi_lite.methods.dvi.checkpoint import Checkpointing
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.drafter import DVIDrafter
 from dvi_lite.methods.dvi.losses import EMABaseline, fast_loss, slow_loss
 from dvi_lite.methods.dvi.policy import DVIPolicy, _base, attach_verifier_lora, verifier_lora_params
+from dvi_lite.models.training import lr_at
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 

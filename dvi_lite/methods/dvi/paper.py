@@ -225,7 +225,7 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
     {"stopped": True, ...}: call again to go on. The curve's "tokens" are positions of the set seen in the
     warm-start plus experiences (tested drafts) seen online.
     """
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
 
     recipe = (recipe or PaperRecipe()).check()
     out_dir = Path(out_dir)

@@ -2,7 +2,7 @@
 
 The paper's setting: the draft head learns online from the verifier's accept/reject feedback while the
 model answers a stream of user questions. The stream is Spec-Bench dev's *training* questions
-(study.specbench.training_questions: never the ones the bench measures), chat-formatted
+(models.specbench.training_questions: never the ones the bench measures), chat-formatted
 (core.generate.prompt_ids), shuffled by a seed, and cut to prompts of at most `max_prompt_tokens` tokens.
 
     question_stream   the stream (token ids + question ids)
@@ -72,7 +72,7 @@ def arm_config(arm: str, base: DVIConfig = BASE, **overrides: Any) -> DVIConfig:
 
 
 def _records() -> list[dict]:
-    from dvi_lite.study import specbench
+    from dvi_lite.models import specbench
 
     return specbench.read_prompts(specbench.SPEC_BENCH_DEV)
 
@@ -87,7 +87,7 @@ def question_stream(tok, seed: int = 0, max_prompt_tokens: int = 384,
     """(prompt ids, question ids): Spec-Bench dev's training questions, shuffled by `seed`, prompts longer
     than max_prompt_tokens dropped (kept whole: cutting a chat prompt would cut its template), first n."""
     from dvi_lite.core.generate import prompt_ids
-    from dvi_lite.study.specbench import training_questions
+    from dvi_lite.models.specbench import training_questions
 
     recs = list(training_questions(_records()))
     random.Random(seed).shuffle(recs)
@@ -105,8 +105,8 @@ def question_stream(tok, seed: int = 0, max_prompt_tokens: int = 384,
 
 
 def heldout_questions(tok, n: int) -> tuple[list[Any], list[str]]:
-    """The first n bench questions (study.specbench.spread): unseen by the stream, measured greedy."""
-    from dvi_lite.study.specbench import spread
+    """The first n bench questions (models.specbench.spread): unseen by the stream, measured greedy."""
+    from dvi_lite.models.specbench import spread
 
     recs = spread(_records(), n)
     return [_prompt(tok, r) for r in recs], [r["id"] for r in recs]
@@ -185,13 +185,13 @@ def heldout_before(model, tok, cfg: DVIConfig, recipe: dict[str, Any]) -> dict:
 def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str, recipe: dict[str, Any],
               model_name: str = "SmolLM2-135M-Instruct") -> dict:
     """out_dir/policy.pt (bf16) + card.json: data (the stream's question ids), steps, command, commit, device."""
-    from dvi_lite.study.provenance import device_name, provenance
+    from dvi_lite.measure.provenance import device_name, provenance
 
     out_dir = Path(out_dir)
     f = trainer.save_policy(out_dir, dtype=torch.bfloat16)
     card = {"method": "dvi", "model": model_name,
             "split": trainer.cfg.split, "vocab": recipe["vocab"], "dtype_saved": "bfloat16",
-            "data": {"stream": "Spec-Bench dev training questions (study.specbench.training_questions), "
+            "data": {"stream": "Spec-Bench dev training questions (models.specbench.training_questions), "
                      f"chat-formatted, shuffled with seed {trainer.cfg.seed}, prompts <= "
                      f"{recipe['max_prompt_tokens']} tokens", "question_ids": summary["stream_questions"]},
             "fast_steps": trainer.fast_step, "experiences": trainer.buffer.n_seen,

@@ -335,8 +335,8 @@ class LambdaWidget:
         return fig
 
     def save_static(self, name: str = "05_dvi_lambda_widget", smoke: bool = False) -> list:
-        """Write static_figure() with plots.save_figure (HTML, PNG when a browser exists)."""
-        from dvi_lite.course.plots import save_figure
+        """Write static_figure() with figures.save_figure (HTML, PNG when a browser exists)."""
+        from dvi_lite.measure.figures import save_figure
 
         return save_figure(self.static_figure(), name, smoke=smoke)
 

@@ -7,7 +7,7 @@ tau greedily on held-out questions (a count, independent of the machine's load) 
 
     speedup(N) = tau(N) / (v(N + 1) + K c)
 
-with v from `study.cost.verify_cost` and c the head's cost per draft step, both measured in the same session
+with v from `measure.cost.verify_cost` and c the head's cost per draft step, both measured in the same session
 (the bench's calibration); the N with the best prediction is the one to use.
 
     python -m dvi_lite eagle-budget --model smollm2 --nodes 8 16 24 32 --json results/28_eagle_budget.json
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags, check_int, check_real
 
 BUDGETS = (8, 16, 24, 32)
@@ -27,8 +27,8 @@ BUDGETS = (8, 16, 24, 32)
 def budget_rows(model, tok, prompts: list[dict], v, c: float, nodes: tuple[int, ...] = BUDGETS, K: int = 5,
                 branch: int | None = None, head=None, max_new_tokens: int = 128) -> dict:
     """tau and the predicted speedup for every node budget (dynamic tree, greedy), and the best budget."""
-    from dvi_lite.study.cost import predicted_speedup
-    from dvi_lite.study.curves import decode_counts
+    from dvi_lite.measure.cost import predicted_speedup
+    from dvi_lite.measure.timing import decode_counts
 
     check_real("c (draft cost per step)", c, 0)
     check_int("K (draft tokens per step: the tree's depth)", K, 1)
@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
+        from dvi_lite.measure.cost import verify_cost
+        from dvi_lite.measure.provenance import write_result
+        from dvi_lite.measure.timing import bench
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.bench import bench
-        from dvi_lite.study.cost import verify_cost
-        from dvi_lite.study.provenance import write_result
-        from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
+        from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         model, tok = load_model(args.model, dtype=args.dtype)
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]

@@ -30,14 +30,14 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.commands import command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int, check_real
-from dvi_lite.course_model.train import lr_at
+from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, save_head
 from dvi_lite.methods.eagle.ttt import ttt_loss
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherData, one_pass_steps
-from dvi_lite.study.provenance import provenance
+from dvi_lite.models.training import lr_at
 
 
 @dataclass

@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from dvi_lite.core.checks import check_int, check_real, check_split
 from dvi_lite.core.runner import Runner
-from dvi_lite.course_model.train import TrainConfig, lr_at
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherData, soft_ce
+from dvi_lite.models.training import TrainConfig, lr_at
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import BUILD_DIR
 

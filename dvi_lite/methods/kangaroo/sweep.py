@@ -9,7 +9,7 @@ For each exit layer k: a short `distill.fit_adapter` run on the teacher data, th
 - c: one draft step's time (layers [0, k) with a KV cache, the adapter with its cache, the trimmed head and the
   softmax over the vocabulary) over one full 1-token forward (every layer + the full head, with a KV cache), in
   the model's dtype, medians of interleaved repeats;
-- predicted speedup = tau / (v(D + 1) + D c) (study.cost; D = drafted tokens per step), with the measured v(n).
+- predicted speedup = tau / (v(D + 1) + D c) (measure.cost; D = drafted tokens per step), with the measured v(n).
 The layer with the best predicted speedup is the one to train longer.
 """
 from __future__ import annotations
@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.cli import run_or_usage_error
+from dvi_lite.commands import run_or_usage_error
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
+from dvi_lite.measure import cost
+from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 from dvi_lite.models.vocab import TrimmedHead
 from dvi_lite.paths import BUILD_DIR
-from dvi_lite.study import cost
-from dvi_lite.study.provenance import provenance
 
 ETAS = (None, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)  # None: no second exit, always K drafts
 

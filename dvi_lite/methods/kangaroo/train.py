@@ -24,17 +24,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.commands import command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.checks import check_split, default_split
 from dvi_lite.core.runner import Runner
-from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
+from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint
 from dvi_lite.models.loading import bf16_is_fast, load_model, load_once
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, one_pass_steps, teacher_for, teacher_path
+from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
-from dvi_lite.study.provenance import provenance
 
 
 @dataclass
@@ -198,9 +198,9 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         cfg = replace(cfg, steps=steps)
     val = None
     if smoke:  # a tiny teacher over a few prompts, a map counted on them: seconds
+        from dvi_lite.models.specbench import read_prompts
         from dvi_lite.models.teacher import teacher_outputs
         from dvi_lite.models.vocab import build_vocab_map, head_vocab_size
-        from dvi_lite.study.specbench import read_prompts
 
         texts = [r["prompt"] for r in read_prompts(DATA_DIR / "prompts" / "heldout.jsonl")[:6]]
         tcfg = TeacherConfig(answers=0, corpus_windows=len(texts), layers=(cfg.split,))

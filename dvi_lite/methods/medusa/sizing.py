@@ -31,7 +31,7 @@ RESULT = "results/27_medusa_sizing.json"  # the committed sizing: its measured v
 def grid(accuracies: Sequence[Sequence[float]], v: Mapping, c_head: float, c_shared: float = 0.0,
          budgets: Sequence[int] = BUDGETS) -> list[dict]:
     """One row per (heads H, nodes N): the model's tau, the step's cost and the predicted speedup over AR."""
-    from dvi_lite.study.cost import v_of
+    from dvi_lite.measure.cost import v_of
 
     check_real("c_head (one head's cost per step)", c_head, 0)
     check_real("c_shared (the heads' shared cost per step)", c_shared, 0)
@@ -88,7 +88,7 @@ def pick_for(card: dict, v: Mapping, costs: Mapping[int, float]) -> tuple[list[d
 
 def head_costs(model, tok, prompts: list[dict], counts: Sequence[int], v: Mapping) -> dict[int, float]:
     """Medusa's draft cost per step (in AR tokens) with each number of heads, from one interleaved bench round."""
-    from dvi_lite.study.bench import bench
+    from dvi_lite.measure.timing import bench
 
     specs = {h: f"medusa:K={h}:tree=cartesian:branch=1" for h in counts}
     res = bench(model, tok, prompts, ["ar", *specs.values()], max_new_tokens=32, repeats=1, v=v)
@@ -132,7 +132,7 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dvi_lite.cli import command_line, prog, run_or_usage_error
+    from dvi_lite.commands import command_line, prog, run_or_usage_error
 
     ap = argparse.ArgumentParser(prog=prog("medusa-sizing"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -146,13 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--apply needs --json (the result the card and the defaults point to)")
 
     def run() -> dict:
+        from dvi_lite.measure.cost import verify_cost
+        from dvi_lite.measure.provenance import write_result
+        from dvi_lite.measure.timing import decode_counts
         from dvi_lite.methods.medusa.heads import heads_path
         from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.cost import verify_cost
-        from dvi_lite.study.curves import decode_counts
-        from dvi_lite.study.provenance import write_result
-        from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
+        from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         model, tok = load_model(args.model, dtype="bfloat16")
         card = json.loads(heads_path(model).with_suffix(".json").read_text())

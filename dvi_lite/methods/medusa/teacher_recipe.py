@@ -37,7 +37,7 @@ def beside_paper(top1: list[float]) -> list[dict]:
 
 def smoke_teacher(model, tok) -> TeacherData:
     """A tiny teacher (8 windows of 48 tokens of the course corpus' first documents), in seconds: CI's data."""
-    from dvi_lite.course_model.corpus import load_docs
+    from dvi_lite.models.corpus import load_docs
 
     cfg = TeacherConfig(layers=(1,), answers=0, corpus_windows=8, seq_len=48, top_k=8)
     rows = [tok(d.text, add_special_tokens=False)["input_ids"][: cfg.seq_len] for d in load_docs("train")[:8]]
@@ -69,8 +69,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     (snapshots in out_dir/curve/). max_minutes: the training-time budget; a run that reaches it saves no heads
     and returns {"stopped": True, ...}: the same call resumes it. steps: override the recipe's.
     """
+    from dvi_lite.measure.provenance import device_name, provenance
     from dvi_lite.models.loading import load_once
-    from dvi_lite.study.provenance import device_name, provenance
 
     out_dir = Path(out_dir)
     model, tok = load_once(model_path, dtype="float32")

@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.course_model.train import TrainConfig, lr_at
 from dvi_lite.methods.medusa.heads import MedusaHeads
 from dvi_lite.methods.medusa.train import head_weights, load_checkpoint
 from dvi_lite.models.teacher import TeacherData, soft_ce
+from dvi_lite.models.training import TrainConfig, lr_at
 from dvi_lite.models.vocab import TrimmedHead
 
 PAPER_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)  # Medusa-1 (Cai et al. 2024, Vicuna-7B): heads' top-1 accuracy

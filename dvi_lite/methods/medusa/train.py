@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.commands import command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.runner import Runner
-from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
+from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.medusa.heads import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
 from dvi_lite.models.loading import load_model
+from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import ROOT
-from dvi_lite.study.provenance import provenance
 
 LOSSES = ("kl", "ce")
 COMMAND = "medusa-train"  # python -m dvi_lite <COMMAND>

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
 from dvi_lite.core.runner import tree_mask
 from dvi_lite.methods.medusa.tree_attention import kernel_defined, tree_attention_reference, tree_attention_triton
 

@@ -5,7 +5,7 @@ of 1..4 layers trained by the same recipe on the same tokens (`sps-train --layer
 
     alpha(L)  acceptance when decoding held-out questions greedily (a count: the machine's load cannot move it)
     c(L)      one draft token's time over an AR token's, from one interleaved bench round
-    best      max over K of tau(alpha, K) / (v(K + 1) + K c)     (study.cost.best_speedup, v measured here)
+    best      max over K of tau(alpha, K) / (v(K + 1) + K c)     (measure.cost.best_speedup, v measured here)
 
 and picks the L with the best prediction.
 
@@ -24,10 +24,9 @@ def rows_of(model, tok, drafts: list[Path], prompts: list[dict], timing_prompts:
             v: dict, K: int = 4) -> list[dict]:
     """One row per draft folder: its layers, tokens seen, held-out agreement (its card), alpha and tau by decoding,
     c by one bench round, and the cost model's best K and predicted speedup."""
+    from dvi_lite.measure.cost import best_speedup
+    from dvi_lite.measure.timing import bench, decode_counts
     from dvi_lite.methods.sps.draft import load_draft
-    from dvi_lite.study.bench import bench
-    from dvi_lite.study.cost import best_speedup
-    from dvi_lite.study.curves import decode_counts
 
     rows = []
     for d in drafts:
@@ -45,7 +44,7 @@ def rows_of(model, tok, drafts: list[Path], prompts: list[dict], timing_prompts:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dvi_lite.cli import command_line, prog, run_or_usage_error
+    from dvi_lite.commands import command_line, prog, run_or_usage_error
 
     ap = argparse.ArgumentParser(prog=prog("sps-sizing"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -57,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
+        from dvi_lite.measure.cost import verify_cost
+        from dvi_lite.measure.provenance import write_result
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.cost import verify_cost
-        from dvi_lite.study.provenance import write_result
-        from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
+        from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         missing = [d for d in args.drafts if not (Path(d) / "draft.pt").is_file()]
         if missing:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
 from dvi_lite.core.checks import check_int
 from dvi_lite.methods.sps.draft import TrimmedLMHead, build_draft, save_draft
 from dvi_lite.models.artifacts import fingerprint
@@ -134,7 +134,7 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
     At every milestone of tokens seen, the held-out agreement is measured and a snapshot kept under
     out_dir/curve/: the learning curve goes into the card.
     """
-    from dvi_lite.study.provenance import provenance
+    from dvi_lite.measure.provenance import provenance
 
     check_int("steps", cfg.steps, 1)
     check_int("batch_rows", cfg.batch_rows, 1)
@@ -282,7 +282,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from dvi_lite.cli import run_or_usage_error
+    from dvi_lite.commands import run_or_usage_error
     from dvi_lite.models.artifacts import artifacts_dir
     from dvi_lite.models.loading import load_model, resolve_model
 

@@ -1,7 +1,7 @@
 """One bench's numbers from its rounds: rates, paired speedups with intervals, tau, alpha, c and the prediction.
 
 `bench.bench` gathers each method's round sums (tokens, times, engine counters, each prompt's own rates) and hands
-them here. The speedups are paired per prompt (study.paired); c and v(n) are taken against AR in the same round.
+them here. The speedups are paired per prompt (measure.paired); c and v(n) are taken against AR in the same round.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics
 from typing import Mapping
 
 from dvi_lite.core.engine import acceptance_rate, position_acceptance, position_counts
-from dvi_lite.study import cost, paired
+from dvi_lite.measure import cost, paired
 
 
 def _tau(agg: dict) -> float | None:
@@ -44,7 +44,7 @@ def _rates(rs: list[dict]) -> tuple[list[float], list[float | None]]:
 def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None = None,
               groups: list[str] | None = None) -> dict:
     """Per method: tokens/s (end to end and decode phase, medians over rounds), the paired speedups over our AR
-    with their intervals (study.paired; decode phase = `speedup_vs_ar`, the headline), tau, alpha, the draft cost
+    with their intervals (measure.paired; decode phase = `speedup_vs_ar`, the headline), tau, alpha, the draft cost
     ratio c, per task group too, and the speedup that the verify-cost table `v` ({n: v(n)}) predicts."""
     out: dict[str, dict] = {}
     for m, rs in rounds.items():
@@ -83,7 +83,7 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None =
 
 
 def _paired(r: dict, rs: list[dict], ar: list[dict], groups: list[str] | None) -> None:
-    """The paired speedups (study.paired) of one method's rounds `rs` over AR's rounds `ar`, into its row `r`."""
+    """The paired speedups (measure.paired) of one method's rounds `rs` over AR's rounds `ar`, into its row `r`."""
     mine, ref = [x["prompts"] for x in rs], [x["prompts"] for x in ar]
     dec = paired.speedup(mine, ref, "decode", groups)
     e2e = paired.speedup(mine, ref, "end_to_end", groups)

@@ -1,10 +1,10 @@
 """Medusa's tree ablation on SmolLM2, and results/16_medusa_smollm2.json.
 
-`python -m dvi_lite.methods.medusa.ablation` runs the bench (ar and one medusa row per tree, interleaved
+`python -m dvi_lite.study.medusa_ablation` runs the bench (ar and one medusa row per tree, interleaved
 rounds in one process) and picks the tree by the median over rounds of its per-round speedup (that round's
 medusa tok/s over the same round's ar tok/s), with min / median / max shown: one round is too noisy to pick
 from. The result sets the heads' per-head top-1 accuracy (their card) beside Medusa-1's, and, where the
-1.3x target is missed, what the cost model (study/cost.py) says would be needed: the tau at the measured
+1.3x target is missed, what the cost model (measure/cost.py) says would be needed: the tau at the measured
 c and v, or the c at the measured tau.
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ import json
 import statistics
 from pathlib import Path
 
+from dvi_lite.measure import cost
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
-from dvi_lite.study import cost
 
 RESULT = "16_medusa_smollm2"
-PROG = "python -m dvi_lite.methods.medusa.ablation"
+PROG = "python -m dvi_lite.study.medusa_ablation"
 TARGET = 1.3  # issue 16: medusa >= 1.3x AR
 TREES = {  # label -> the bench's method spec (trees.py's builders; sparse ones from the heads' accuracies)
     "cartesian_k3b2": "medusa:tree=cartesian:K=3:branch=2",
@@ -88,8 +88,8 @@ def summarise(bench: dict, card: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
+    from dvi_lite.measure.provenance import write_result
     from dvi_lite.study import bench as bench_mod
-    from dvi_lite.study.provenance import write_result
 
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--trees", default="cartesian_k3b2,pruned16,sparse16",

@@ -12,7 +12,7 @@ An untagged number that reads as a measurement fails: a speedup (`1.2×`), an ap
 `\\approx 0.3`, `about 7`), a percentage, a time or a rate. Code spans and fenced blocks are not prose.
 Most prose needs no number at all: the code cell above it prints the measured one.
 
-After a full run, `refresh` (called by `make reproduce`, or `python -m dvi_lite.course.prose --refresh`) rewrites
+After a full run, `refresh` (called by `make reproduce`, or `python -m dvi_lite.study.prose --refresh`) rewrites
 every `r`-tagged number from its results file at the decimals written; qualitative words around it ("beats",
 "the fastest") are the author's to re-read, which is why `check_notebook` is a test and `refresh` is not automatic
 in it.
@@ -220,7 +220,7 @@ def refresh_notebooks(paths: Sequence[Path], results_dir: Dirs = RESULTS) -> dic
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m dvi_lite.course.prose", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dvi_lite.study.prose", description=__doc__.splitlines()[0])
     ap.add_argument("--refresh", action="store_true", help="rewrite the tagged numbers from results/ first")
     args = ap.parse_args(argv)
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from dvi_lite.course_model.corpus import load_docs
+from dvi_lite.models.corpus import load_docs
 
 EOS = "<|endoftext|>"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dvi_lite.cli import prog, run_or_usage_error
+from dvi_lite.commands import prog, run_or_usage_error
 from dvi_lite.core.registry import METHODS
 
 
@@ -36,8 +36,9 @@ def run(args: argparse.Namespace, out=None) -> str:
     """Load, generate once, and return what to print."""
     from dvi_lite.core.generate import generate
     from dvi_lite.course.token_view import ansi, summary
+    from dvi_lite.measure.timing import check_method, parse_spec
     from dvi_lite.models.loading import load_model
-    from dvi_lite.study.bench import check_method, has_chat_template, parse_spec
+    from dvi_lite.study.bench import has_chat_template
 
     name, opts = parse_spec(args.method)
     check_method(name, "--method")

@@ -51,15 +51,6 @@ def provenance(command: str | None = None, device: str | torch.device | None = N
     }
 
 
-def model_facts(name: str | None, model) -> dict:
-    """Which model a result is about: the name it was asked for ("course", "smollm2" or a folder), its
-    fingerprint (models.artifacts: the same weights give the same one in any dtype) and the dtype it ran in."""
-    from dvi_lite.models.artifacts import fingerprint
-
-    return {"model": str(name) if name is not None else "course", "fingerprint": fingerprint(model),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
-
-
 def write_result(name: str, payload: dict, command: str | None = None, smoke: bool = False,
                  out_dir: Path | None = None) -> Path:
     """Write results/<name>.json with provenance, atomically. Smoke runs go to build/results (never committed);

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dvi_lite.cli import prog
+from dvi_lite.commands import prog
 from dvi_lite.paths import DATA_DIR
 
 CORPUS_DIR = DATA_DIR / "corpus"
