@@ -23,6 +23,7 @@ from dvi_lite.cli import command_line, prog
 from dvi_lite.course_model.corpus import DOMAINS, load_docs, load_prompts
 from dvi_lite.course_model.tokenizer import EOS, train_tokenizer
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.safety import load_torch
 from dvi_lite.study.provenance import provenance
 
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
@@ -164,7 +165,7 @@ def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     step, elapsed, log = 0, 0.0, []
     if resume and ckpt_path.is_file():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = load_torch(ckpt_path, "course model training checkpoint", keys=("model", "opt", "gen"))
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])

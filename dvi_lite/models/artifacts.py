@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 from dvi_lite.paths import DATA_DIR
+from dvi_lite.safety import load_torch
 
 # fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
 # changes it, and then every committed artifact must be retrained too.
@@ -26,19 +27,56 @@ COURSE_FINGERPRINT = "142d785a58430018"
 SMOLLM2_FINGERPRINT = "6694028984caa6c8"
 COMMITTED = {COURSE_FINGERPRINT: DATA_DIR, SMOLLM2_FINGERPRINT: DATA_DIR / "smollm2"}  # fingerprint -> committed folder
 MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
+# The committed models keep the short id their pieces were recorded under (the id of the first fingerprint: the
+# config and 64 embedding rows), but only a model whose every weight matches gets it: weights_hash() of the
+# committed model -> its id. A fine-tune that kept the embeddings frozen has the same 64 rows and is another model.
+KNOWN = {"7a9ef37d3bd069ac": COURSE_FINGERPRINT, "13f33c35715bd594": SMOLLM2_FINGERPRINT}
+_CACHE = "_dvi_weights_hash"  # the attribute a model caches its weights_hash in
 
 
-def fingerprint(model) -> str:
-    """Identifies the base model a trained piece belongs to (config + a weight checksum), whatever its dtype.
-
-    The probe rows are rounded to bf16 before summing, so the same weights loaded in fp32, bf16 or fp16 give
-    the same fingerprint: a greedy check in fp32 and a benchmark in bf16 find the same trained pieces.
-    """
+def embedding_probe_id(model) -> str:
+    """The first fingerprint: config + a checksum of 64 embedding rows. It names a family of weights, not the
+    weights: a fine-tune with frozen embeddings shares it. Kept to explain KNOWN; nothing is found by it."""
     c = model.config
     w = model.get_input_embeddings().weight
     probe = w[:: max(1, w.shape[0] // 64)].detach().to("cpu", torch.bfloat16).double().sum().item()
     key = f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}-{w.shape[0]}-{probe:.6e}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def weights_hash(model) -> str:
+    """sha256 of the config's shape and of every tensor of the state dict (name, shape, values rounded to bf16, so
+    the weights loaded in fp32 or bf16 hash the same), 16 hex digits.
+
+    Computed once per model: cached on the model and recomputed only when a tensor was replaced or changed in
+    place (its storage or version counter moved), so training the model itself gives it a new hash.
+    """
+    tensors = model.state_dict(keep_vars=True)
+    stamp = tuple((k, t.data_ptr(), t._version) for k, t in tensors.items())
+    hit = model.__dict__.get(_CACHE)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    c = model.config
+    h = hashlib.sha256(f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}".encode())
+    for name, t in tensors.items():
+        t = t.detach()
+        h.update(f"{name}:{tuple(t.shape)}:{'f' if t.is_floating_point() else t.dtype};".encode())
+        t = t.to("cpu", torch.bfloat16).view(torch.int16) if t.is_floating_point() else t.to("cpu")
+        h.update(t.contiguous().numpy().tobytes())
+    value = h.hexdigest()[:16]
+    object.__setattr__(model, _CACHE, (stamp, value))
+    return value
+
+
+def fingerprint(model) -> str:
+    """Identifies the base model a trained piece belongs to: the hash of all its weights (weights_hash), whatever
+    its dtype; a committed model is named by the id its committed pieces record (KNOWN).
+
+    The tensors are rounded to bf16 before hashing, so the same weights loaded in fp32 or bf16 give the same
+    fingerprint: a greedy check in fp32 and a benchmark in bf16 find the same trained pieces.
+    """
+    full = weights_hash(model)
+    return KNOWN.get(full, full)
 
 
 def artifacts_dir(model) -> Path:
@@ -74,7 +112,7 @@ def read_piece(path: str | Path, model, what: str, how: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what}: no file at {p}; make one with {how}")
-    body = torch.load(p, map_location="cpu", weights_only=True)
+    body = load_torch(p, what, keys=("fingerprint",))
     if body.get("fingerprint") != fingerprint(model):
         raise ValueError(f"{what} {p} was trained for the model {body.get('fingerprint')}, not this one "
                          f"({fingerprint(model)}); make one for it with {how}")

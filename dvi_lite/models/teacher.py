@@ -31,6 +31,7 @@ from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import load_torch
 
 
 @dataclass
@@ -205,7 +206,8 @@ def load_teacher(path: str | Path) -> TeacherData:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no teacher data at {p}: build it with `python -m dvi_lite teacher --model ...`")
-    return TeacherData(**torch.load(p, weights_only=False))
+    keys = ("tokens", "mask", "states", "final", "top_ids", "top_logp")
+    return TeacherData(**load_torch(p, "teacher data file", keys=keys))
 
 
 def teacher_for(model, tok, cfg: TeacherConfig | None = None, path: str | Path | None = None) -> TeacherData:

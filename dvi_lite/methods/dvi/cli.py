@@ -48,6 +48,7 @@ from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
 from dvi_lite.methods.dvi.policy import TRAINER_FILE
 from dvi_lite.models.artifacts import artifacts_dir
 from dvi_lite.paths import ROOT
+from dvi_lite.safety import load_torch
 
 PROG = "python -m dvi_lite dvi"
 
@@ -234,7 +235,7 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     if args.save_dtype and not card.get("stopped"):  # the committed form: the head's tensors in half precision
         from dvi_lite.methods.dvi.policy import POLICY_FILE
 
-        b = torch.load(out / POLICY_FILE, map_location="cpu", weights_only=False)
+        b = load_torch(out / POLICY_FILE, "DVI policy", keys=("policy",))
         if args.head_rank is not None and "head_weight" in b["policy"]:  # rows -> the target's + a low-rank change
             from dvi_lite.methods.dvi.policy import _read_policy
 

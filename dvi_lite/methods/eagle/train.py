@@ -37,6 +37,7 @@ from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, save_head
 from dvi_lite.methods.eagle.ttt import ttt_loss
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherData, one_pass_steps
+from dvi_lite.safety import load_torch
 from dvi_lite.study.provenance import provenance
 
 
@@ -162,7 +163,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, tokens, elapsed, log, curve, init = 0, 0, 0.0, [], [], None
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "EAGLE training checkpoint", keys=("cfg", "head", "opt", "gen"))
         if _recipe(ck["cfg"]) != _recipe(asdict(cfg)):
             raise ValueError(f"checkpoint {ckpt} was written with another config; delete it or pass resume=False")
         head.load_state_dict(ck["head"])

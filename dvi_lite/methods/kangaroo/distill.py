@@ -40,6 +40,7 @@ from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherData, soft_ce
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import load_torch
 
 MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
@@ -238,7 +239,7 @@ def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bo
     ids = {"train": _data_id(data), "val": _data_id(val)}
     step, log, elapsed, tokens, init, curve = 0, [], 0.0, 0, None, []
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "Kangaroo training checkpoint", keys=("adapter", "opt", "gen"))
         if "cfg" in ck and (_recipe(ck["cfg"]) != _recipe(asdict(cfg)) or ck["data"] != ids):
             raise ValueError(f"checkpoint {ckpt} was made with another recipe or data set ({ck['data']}); "
                              "delete it to start over, or drop resume")

@@ -34,6 +34,7 @@ from dvi_lite.models.artifacts import artifacts_dir, fingerprint
 from dvi_lite.models.loading import bf16_is_fast, load_model, load_once
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, one_pass_steps, teacher_for, teacher_path
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.safety import load_torch
 from dvi_lite.study.provenance import provenance
 
 
@@ -81,7 +82,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     ckpt = BUILD_DIR / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "Kangaroo training checkpoint", keys=("adapter", "opt", "gen"))
         adapter.load_state_dict(ck["adapter"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
+from dvi_lite.safety import load_torch
 
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 RESULT = "results/27_medusa_sizing.json"  # the committed sizing: its measured v(n) and head costs price a new card
@@ -110,7 +111,7 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
     `medusa.make_drafter` uses when no tree is given. Returns the defaults entry."""
     import torch
 
-    ck = torch.load(heads_file, map_location="cpu", weights_only=True)
+    ck = load_torch(heads_file, "Medusa heads file", keys=("num_heads", "state"))
     h = pick["heads"]
     if h > ck["num_heads"]:
         raise ValueError(f"the pick uses {h} heads; {heads_file} holds {ck['num_heads']}")

@@ -38,6 +38,7 @@ from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.methods.medusa.heads import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
 from dvi_lite.models.loading import load_model
 from dvi_lite.paths import ROOT
+from dvi_lite.safety import load_torch
 from dvi_lite.study.provenance import provenance
 
 LOSSES = ("kl", "ce")
@@ -187,7 +188,7 @@ def load_checkpoint(ckpt: str | Path | None, heads: MedusaHeads, opt: torch.opti
     Refuses a checkpoint made with another recipe (the config's `keys` differ)."""
     if ckpt is None or not Path(ckpt).is_file():
         return 0, [], 0.0
-    ck = torch.load(ckpt, weights_only=False, map_location="cpu")  # the generator state must stay on the CPU
+    ck = load_torch(ckpt, "Medusa training checkpoint", keys=("config", "heads", "opt", "gen"))  # on the CPU
     made, want = {k: ck["config"].get(k) for k in keys}, {k: asdict(cfg)[k] for k in keys}
     if made != want:
         raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop --resume")

@@ -26,6 +26,7 @@ from dvi_lite.methods.sps.draft import TrimmedLMHead, build_draft, save_draft
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, soft_ce, teacher_for, teacher_outputs
 from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import load_torch
 
 
 @dataclass
@@ -160,7 +161,7 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
     ckpt = Path(ckpt) if ckpt is not None else BUILD_DIR / "ckpt" / f"sps_{fingerprint(target)}.pt"
     step, log, elapsed, init, seen, curve = 0, [], 0.0, None, 0, []
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "SpS training checkpoint", keys=("cfg",))
         if _recipe(ck["cfg"]) == _recipe(asdict(cfg)):
             draft.model.load_state_dict(ck["own"], strict=False)
             opt.load_state_dict(ck["opt"])

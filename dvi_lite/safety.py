@@ -1,0 +1,163 @@
+"""Safe by default: reading a file never runs code from it, and writing never replaces a committed file by accident.
+
+- `load_torch(path, what, keys=...)` is the one way the package reads a torch file: `torch.load(weights_only=True)`
+  (tensors, numbers, strings and containers; never an arbitrary object, so a crafted pickle cannot run code), and a
+  file that is not what it claims (not a torch file, truncated, a pickle of other objects, another kind of piece)
+  ends in a BadFileError naming the file and what was expected.
+- `check_output(path, ...)` is the one check of where a command writes, run before any model forward: the folder
+  can be made and written, a file is not a folder (nor a folder a file), and a git-tracked file under data/ is
+  replaced only with --force. `smoke_out(...)` keeps a smoke run's output under build/.
+"""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from dvi_lite.paths import BUILD_DIR, DATA_DIR, ROOT
+
+
+class BadFileError(ValueError):
+    """A file that is not the torch file of the kind expected (or one that holds objects, not tensors)."""
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written, or a committed file that would be replaced without --force."""
+
+
+def _numpy_safe_globals() -> list:
+    """numpy scalars and dtypes (a float64 in a training log): rebuilt from bytes, they run no code."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return []
+    core = getattr(np, "_core", None) or np.core
+    out: list = [core.multiarray.scalar, np.dtype]
+    out += [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", object())) if n.endswith("DType")]
+    return out
+
+
+def load_torch(path: str | Path, what: str, keys: Iterable[str] = (), map_location: Any = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)` with errors that name the file and `what` it should be.
+
+    keys: top-level keys the file must have (a dict), so another kind of piece (Medusa heads given as a DVI
+    policy) is named as such instead of failing later with a KeyError.
+    """
+    import pickle
+
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what}: no file at {p}")
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            body = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln or "global" in ln.split(" ")[:3]]
+        if found:
+            raise BadFileError(f"{p} is not a {what}: it holds Python objects that a file of tensors never does, "
+                               f"and loading them could run code, so it was not loaded ({found[0][:160]})") from None
+        raise BadFileError(f"{p} is not a readable {what} (not a torch file of tensors, or a damaged one)") from None
+    except Exception as e:  # zip errors, truncation, garbage bytes: torch raises several kinds
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BadFileError(f"{p} is not a readable {what} (not a torch file, or truncated): "
+                           f"{type(e).__name__}: {msg[:200]}") from None
+    missing = [k for k in keys if not isinstance(body, dict) or k not in body]
+    if missing:
+        found = sorted(map(str, body))[:8] if isinstance(body, dict) else type(body).__name__
+        raise BadFileError(f"{p} is not a {what}: it lacks {missing} (it holds {found}); is it another kind of "
+                           "file?")
+    return body
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def tracked_files(path: str | Path) -> list[Path]:
+    """The committed files `path` would replace: git-tracked files at or under it that lie under data/.
+
+    Without git (an unpacked archive), every existing file at or under a path in data/ counts as committed.
+    """
+    p = Path(path).resolve()
+    data = DATA_DIR.resolve()
+    if p != data and data not in p.parents:
+        return []
+    if not p.exists():
+        return []
+    try:
+        res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", "--", str(p)],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        res = None
+    if res is None or (res.returncode != 0 and "not a git repository" in res.stderr.lower()):
+        return [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    if res.returncode != 0:
+        return []
+    return [ROOT / line for line in res.stdout.splitlines() if line]
+
+
+def _writable_folder(folder: Path, flag: str, p: Path) -> None:
+    """Make `folder` (and its parents) and check that a file can be created in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise OutputError(f"{flag} {p}: cannot write there ({e.strerror or e}); pass a path in a writable folder"
+                          ) from None
+
+
+def check_output(path: str | Path | None, *, kind: str = "file", force: bool = False, flag: str = "--out",
+                 smoke: bool = False) -> Path | None:
+    """Check, before any work, that a command can write its output `path` (kind "file" or "dir"); returns it.
+
+    Refuses: a folder where a file is wanted (or a file where a folder is), a place that cannot be made or
+    written, a smoke run writing under data/, and, without force, a path that would replace committed
+    (git-tracked) files under data/. None passes through (no output asked for).
+    """
+    if path is None:
+        return None
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
+    p = Path(path)
+    if kind == "file" and p.is_dir():
+        raise OutputError(f"{flag} {p} is a folder; give the path of a file")
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise OutputError(f"{flag} {p} is a file; give the path of a folder")
+    folder = p if kind == "dir" else p.parent
+    blocker = next((a for a in [folder, *folder.parents] if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(f"{flag} {p}: {blocker} is a file, so no folder can be made there")
+    resolved = p.resolve()
+    if smoke and (resolved == DATA_DIR.resolve() or DATA_DIR.resolve() in resolved.parents):
+        raise OutputError(f"{flag} {p}: a smoke run never writes under data/; drop {flag} (it writes under "
+                          f"{BUILD_DIR}/) or give a path outside data/")
+    tracked = tracked_files(p)
+    if tracked and not force:
+        names = ", ".join(str(t.relative_to(ROOT)) for t in tracked[:4]) + (" ..." if len(tracked) > 4 else "")
+        raise OutputError(f"{flag} {p} would overwrite committed files ({names}); pass {flag} PATH to write "
+                          "elsewhere, or --force to replace them")
+    _writable_folder(folder, flag, p)
+    return p
+
+
+def smoke_dir(command: str) -> Path:
+    """Where a smoke run of `command` writes by default: build/smoke/<command>/."""
+    return BUILD_DIR / "smoke" / command
+
+
+def check_outputs(outputs: Iterable[tuple[str | Path | None, str, str]], force: bool = False,
+                  smoke: bool = False) -> None:
+    """check_output for each (path, kind, flag)."""
+    for path, kind, flag in outputs:
+        check_output(path, kind=kind, force=force, flag=flag, smoke=smoke)
+
+
+def under(path: str | Path, folder: str | Path) -> bool:
+    """Whether `path` lies at or under `folder` (both resolved)."""
+    p, f = Path(path).resolve(), Path(folder).resolve()
+    return p == f or f in p.parents
+
