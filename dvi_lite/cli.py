@@ -94,6 +94,22 @@ def run_or_usage_error(ap: argparse.ArgumentParser, fn: Callable[..., Any], *arg
         ap.error(str(e))
 
 
+def add_force(ap: argparse.ArgumentParser) -> None:
+    """--force: the one flag that lets a command replace committed (git-tracked) files under data/."""
+    ap.add_argument("--force", action="store_true", help="replace committed files under data/ (without it a "
+                    "command that would overwrite one stops before any work)")
+
+
+def check_outputs(ap: argparse.ArgumentParser, *outputs: tuple[Any, str, str], force: bool = False,
+                  smoke: bool = False) -> None:
+    """Check every output (path, "file" | "dir", flag) before any work (safety.check_output): a path that cannot
+    be written, or a committed file replaced without --force, ends in a usage error naming it."""
+    from dvi_lite.safety import check_output
+
+    for path, kind, flag in outputs:
+        run_or_usage_error(ap, check_output, path, kind=kind, force=force, flag=flag, smoke=smoke)
+
+
 def load(command: str) -> Callable[[list[str]], Any]:
     """The main function of a command (imports its module now)."""
     module, fn = COMMANDS[command][0].split(":")

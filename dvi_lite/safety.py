@@ -27,13 +27,14 @@ class OutputError(ValueError):
 
 
 def _numpy_safe_globals() -> list:
-    """numpy scalars and dtypes (a float64 in a training log): rebuilt from bytes, they run no code."""
+    """numpy scalars, arrays and dtypes (a float64 in a training log, numpy's RNG state in a checkpoint): rebuilt
+    from bytes by the same restricted unpickler, they run no code."""
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
         return []
     core = getattr(np, "_core", None) or np.core
-    out: list = [core.multiarray.scalar, np.dtype]
+    out: list = [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype]
     out += [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", object())) if n.endswith("DType")]
     return out
 
@@ -147,13 +148,6 @@ def check_output(path: str | Path | None, *, kind: str = "file", force: bool = F
 def smoke_dir(command: str) -> Path:
     """Where a smoke run of `command` writes by default: build/smoke/<command>/."""
     return BUILD_DIR / "smoke" / command
-
-
-def check_outputs(outputs: Iterable[tuple[str | Path | None, str, str]], force: bool = False,
-                  smoke: bool = False) -> None:
-    """check_output for each (path, kind, flag)."""
-    for path, kind, flag in outputs:
-        check_output(path, kind=kind, force=force, flag=flag, smoke=smoke)
 
 
 def under(path: str | Path, folder: str | Path) -> bool:

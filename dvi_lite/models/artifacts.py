@@ -17,7 +17,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import BUILD_DIR, DATA_DIR
 from dvi_lite.safety import load_torch
 
 # fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
@@ -83,6 +83,16 @@ def artifacts_dir(model) -> Path:
     """data/ for the course model, data/smollm2/ for SmolLM2 (both committed), build/models/<fingerprint>/ else."""
     fp = fingerprint(model)
     return COMMITTED[fp] if fp in COMMITTED else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
+
+
+def ckpt_path(kind: str, model, config: Any = None, suffix: str = ".pt") -> Path:
+    """build/ckpt/<kind>_<fingerprint>_<config hash>.pt: a recipe's checkpoint, keyed by the model (all its
+    weights) and by the recipe's config (a dict or anything JSON can write; the step count and time budget are left
+    out, so a longer run resumes a shorter one). A --resume for another model or recipe never finds this one's."""
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in ("steps", "max_minutes")}
+    tag = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return BUILD_DIR / "ckpt" / f"{kind}_{fingerprint(model)}_{tag}{suffix}"
 
 
 def model_defaults(model) -> dict:

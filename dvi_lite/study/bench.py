@@ -30,7 +30,7 @@ from typing import Mapping
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog
+from dvi_lite.cli import add_force, check_outputs, command_line, prog
 from dvi_lite.core.checks import RENAMED, add_renamed_flags, reject_renamed
 from dvi_lite.core.generate import generate
 from dvi_lite.core.registry import METHODS
@@ -285,7 +285,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", action=argparse.BooleanOptionalAction, default=None,
                     help="measure the memory bandwidth (a copy and a sum of 512 MiB; default: on with --json)")
-    ap.add_argument("--json", default=None, help="write results JSON here")
+    ap.add_argument("--json", default=None, help="write results JSON here (checked before any work)")
+    add_force(ap)
     add_renamed_flags(ap, "k")  # --k: an error naming --K
     return ap
 
@@ -293,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"), force=args.force)
     try:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         if not methods:
