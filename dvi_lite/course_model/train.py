@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dvi_lite.cli import command_line, prog
+from dvi_lite.cli import add_force, check_outputs, command_line, prog
 from dvi_lite.course_model.corpus import DOMAINS, load_docs, load_prompts
 from dvi_lite.course_model.tokenizer import EOS, train_tokenizer
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="override the number of optimiser steps")
     ap.add_argument("--out", help="override the output folder")
     ap.add_argument("--resume", action="store_true", help="continue from build/ckpt/<name>.pt")
+    add_force(ap)  # the presets write the committed course and draft models: retraining them needs --force
     args = ap.parse_args(argv)
     cfg = replace(PRESETS[args.preset])  # a copy: the presets stay as declared
     if args.steps is not None:
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.steps = args.steps
     if args.out:
         cfg.out_dir = args.out
+    check_outputs(ap, (cfg.out_dir, "dir", "--out"), force=args.force)
     train(cfg, resume=args.resume, command=command_line("train", argv))
     return 0
 

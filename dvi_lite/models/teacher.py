@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, run_or_usage_error
+from dvi_lite.cli import add_force, check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-windows", type=int, default=TeacherConfig.corpus_windows)
     ap.add_argument("--layers", type=int, nargs="+", default=list(TeacherConfig.layers))
     ap.add_argument("--out", default=None, help="file (default: build/teacher/<fingerprint>/teacher.pt)")
+    add_force(ap)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.out, "file", "--out"), force=args.force)
     from dvi_lite.models.loading import load_model
 
     def run() -> TeacherData:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.cli import run_or_usage_error
+from dvi_lite.cli import check_outputs, run_or_usage_error
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", nargs="+", default=None, help="bench JSON file(s) (ar + kangaroo rows): add their "
                     "eta runs to --json instead of sweeping")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.bench:
         out = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
         runs = [{"bench": f, "settings": (b := json.loads(Path(f).read_text()))["settings"],

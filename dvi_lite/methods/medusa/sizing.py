@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dvi_lite.cli import check_outputs
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
 from dvi_lite.safety import load_torch
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--apply", action="store_true", help="keep the pick: store only its heads and write the tree "
                     "into the model's defaults.json (what medusa drafts with when no tree is given)")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.apply and not args.json:
         ap.error("--apply needs --json (the result the card and the defaults point to)")
 

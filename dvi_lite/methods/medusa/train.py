@@ -32,13 +32,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.cli import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.cli import add_force, command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.runner import Runner
 from dvi_lite.course_model.train import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.methods.medusa.heads import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
+from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.loading import load_model
 from dvi_lite.paths import ROOT
-from dvi_lite.safety import load_torch
+from dvi_lite.safety import check_output, load_torch
 from dvi_lite.study.provenance import provenance
 
 LOSSES = ("kl", "ce")
@@ -331,8 +332,10 @@ def val_losses(heads: MedusaHeads, runner: Runner, val: np.ndarray, cfg: MedusaT
 
 
 def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str | Path | None = None,
-                resume: bool = False, command: str = "") -> dict:
-    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card."""
+                resume: bool = False, command: str = "", force: bool = True) -> dict:
+    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card.
+
+    force=False (the CLI without --force) refuses, before training, to replace a committed heads file."""
     check_config(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(model_path, dtype="float32")
@@ -342,8 +345,9 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
     heads = MedusaHeads(model, cfg.heads, norm=cfg.norm, shared_lm_head=cfg.shared_lm_head)
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     out = Path(out) if out is not None else default_out(cfg, model)
-    tag = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]  # one checkpoint per output file
-    ckpt = ROOT / "build" / "ckpt" / f"medusa_{out.stem}_{tag}.pt"
+    check_output(out, kind="file", force=force)
+    tag = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]  # one checkpoint per model and output file
+    ckpt = ROOT / "build" / "ckpt" / f"medusa_{out.stem}_{fingerprint(model)}_{tag}.pt"
     log = train_loop(heads, runner, data, cfg, ckpt, resume)
     acc = head_accuracy(model, tok, heads, cfg.eval_prefixes, cfg.eval_ctx)
     heads.accuracies = acc["rank_accuracy"]
@@ -371,14 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-norm", action="store_true", help="no frozen RMSNorm before the heads (the Gorgon bug)")
     ap.add_argument("--shared-lm-head", action="store_true", help="reuse the model's frozen LM head")
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
-    ap.add_argument("--out", default=None, help="heads file (default data/medusa/heads.pt, variants beside it)")
+    ap.add_argument("--out", default=None, help="heads file (default: the model's pieces folder: "
+                    "data/medusa/heads.pt for the course model, committed: needs --force; variants beside it)")
     ap.add_argument("--resume", action="store_true")
+    add_force(ap)
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps", "heads")
     cfg = MedusaTrainConfig(heads=args.heads, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                             lr=args.lr, loss=args.loss, norm=not args.no_norm, shared_lm_head=args.shared_lm_head)
     run_or_usage_error(ap, train_heads, cfg, args.model, args.out, args.resume,
-                       command_line(COMMAND, argv))
+                       command_line(COMMAND, argv), args.force)
     return 0
 
 

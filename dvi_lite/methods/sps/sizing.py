@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dvi_lite.cli import check_outputs
 from dvi_lite.core.checks import check_int
 
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
 
     def run() -> dict:
         from dvi_lite.models.loading import load_model
