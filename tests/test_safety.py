@@ -123,14 +123,13 @@ def test_a_crafted_file_runs_no_code_through_the_commands(evil, capsys):
 
 def test_a_crafted_resume_checkpoint_runs_no_code(course, tmp_path, monkeypatch, capsys):
     """kangaroo-train --resume reads the model's keyed checkpoint: a crafted one there is refused, not run."""
-    import dvi_lite.models.artifacts as artifacts
-    from dvi_lite.methods.kangaroo.train import AdapterConfig
+    from dataclasses import asdict
+
+    from dvi_lite.methods.kangaroo import train as ktrain
 
     model, _ = course
-    monkeypatch.setattr(artifacts, "BUILD_DIR", tmp_path / "build")
-    cfg = AdapterConfig(split=2, steps=1)
-    ck = ckpt_path("kangaroo_k2", model, __import__("dataclasses").asdict(cfg))
-    assert ck.is_relative_to(tmp_path)
+    monkeypatch.setattr(ktrain, "BUILD_DIR", tmp_path / "build")
+    ck = tmp_path / "build" / "ckpt" / ckpt_path("kangaroo_k2", model, asdict(ktrain.AdapterConfig(split=2))).name
     ck.parent.mkdir(parents=True)
     marker = tmp_path / "pwned"
     torch.save({"adapter": Evil(marker), "opt": {}, "gen": torch.zeros(1)}, ck)

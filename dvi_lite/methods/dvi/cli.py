@@ -236,7 +236,9 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         print(json.dumps({"ranking": res["ranking"], "separated": res["separated"],
                           "summary": {a: s[recipe_metric(res)]["mean"] for a, s in res["summary"].items()}}))
         return res
-    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else out / "ckpt"
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ckpt_path(  # under build/, never beside a committed piece
+        "dvi_paper", model, {"cfg": cfg.to_dict(), "recipe": dataclasses.asdict(recipe), "out": str(out.resolve())},
+        suffix="")
     card = train_paper(model, tok, train_set, val_set, cfg, recipe, out, ckpt, resume=True, command=command,
                        progress=True)
     if args.save_dtype and not card.get("stopped"):  # the committed form: the head's tensors in half precision

@@ -80,7 +80,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     gen = torch.Generator().manual_seed(cfg.seed)
     out = Path(out) if out is not None else adapter_path(cfg.split, artifacts_dir(model) / "kangaroo")
     ckpt = (BUILD_DIR / "ckpt" / f"{ckpt_name}.pt" if ckpt_name  # else keyed by the model and the recipe
-            else ckpt_path(f"kangaroo_k{cfg.split}", model, asdict(cfg)))
+            else BUILD_DIR / "ckpt" / ckpt_path(f"kangaroo_k{cfg.split}", model, asdict(cfg)).name)
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
         ck = load_torch(ckpt, "Kangaroo training checkpoint", keys=("adapter", "opt", "gen"))
