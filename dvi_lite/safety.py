@@ -139,8 +139,9 @@ def check_output(path: str | Path | None, *, kind: str = "file", force: bool = F
     tracked = tracked_files(p)
     if tracked and not force:
         names = ", ".join(str(t.relative_to(ROOT)) for t in tracked[:4]) + (" ..." if len(tracked) > 4 else "")
-        raise OutputError(f"{flag} {p} would overwrite committed files ({names}); pass {flag} PATH to write "
-                          "elsewhere, or --force to replace them")
+        how = f"pass {flag} PATH to write elsewhere, or --force" if flag.startswith("--") and flag != "--apply" \
+            else "pass --force"
+        raise OutputError(f"{flag} {p} would overwrite committed files ({names}); {how} to replace them")
     _writable_folder(folder, flag, p)
     return p
 

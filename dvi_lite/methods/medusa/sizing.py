@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dvi_lite.cli import check_outputs
+from dvi_lite.cli import add_force, check_outputs
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
 from dvi_lite.safety import load_torch
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--apply", action="store_true", help="keep the pick: store only its heads and write the tree "
                     "into the model's defaults.json (what medusa drafts with when no tree is given)")
+    add_force(ap)
     args = ap.parse_args(argv)
     check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.apply and not args.json:
@@ -152,12 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.methods.medusa.heads import heads_path
         from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.loading import load_model
+        from dvi_lite.safety import check_output
         from dvi_lite.study.cost import verify_cost
         from dvi_lite.study.curves import decode_counts
         from dvi_lite.study.provenance import write_result
         from dvi_lite.study.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
 
         model, tok = load_model(args.model, dtype="bfloat16")
+        if args.apply:  # --apply rewrites the heads file and defaults.json: committed ones need --force
+            check_output(heads_path(model), force=args.force, flag="--apply")
+            check_output(artifacts_dir(model) / "defaults.json", force=args.force, flag="--apply")
         card = json.loads(heads_path(model).with_suffix(".json").read_text())
         acc = card["accuracy"]["rank_accuracy"]
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]
