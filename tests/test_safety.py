@@ -311,3 +311,15 @@ def test_checkpoints_are_keyed_by_model_and_recipe(course):
     assert a != ckpt_path("kangaroo_k2", other, {"lr": 1e-3, "steps": 10})
     assert a != ckpt_path("kangaroo_k2", model, {"lr": 2e-3, "steps": 10})
     assert a.resolve().is_relative_to(BUILD_DIR.resolve())
+
+
+def test_an_injected_verifier_lora_keeps_the_fingerprint(course):
+    """DVI's slow updates inject lora_D into the model in place: the base weights, and their pieces, stay the same."""
+    import copy
+
+    from dvi_lite.methods.dvi.policy import attach_verifier_lora
+
+    model = copy.deepcopy(course[0])
+    attach_verifier_lora(model, 2)
+    assert any("lora_" in k for k in model.state_dict())
+    assert fingerprint(model) == COURSE_FINGERPRINT

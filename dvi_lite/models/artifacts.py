@@ -49,7 +49,8 @@ def weights_hash(model) -> str:
     the weights loaded in fp32 or bf16 hash the same), 16 hex digits.
 
     Computed once per model: cached on the model and recomputed only when a tensor was replaced or changed in
-    place (its storage or version counter moved), so training the model itself gives it a new hash.
+    place (its storage or version counter moved), so training the model itself gives it a new hash. LoRA weights
+    injected into the model (peft's `lora_*`, e.g. DVI's verifier lora_D) are left out: they are a piece.
     """
     tensors = model.state_dict(keep_vars=True)
     stamp = tuple((k, t.data_ptr(), t._version) for k, t in tensors.items())
@@ -59,7 +60,9 @@ def weights_hash(model) -> str:
     c = model.config
     h = hashlib.sha256(f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}".encode())
     for name, t in tensors.items():
-        t = t.detach()
+        if "lora_" in name:  # an adapter injected in place (DVI's lora_D) is a trained piece, not the base model
+            continue
+        name, t = name.replace(".base_layer.", "."), t.detach()
         h.update(f"{name}:{tuple(t.shape)}:{'f' if t.is_floating_point() else t.dtype};".encode())
         t = t.to("cpu", torch.bfloat16).view(torch.int16) if t.is_floating_point() else t.to("cpu")
         h.update(t.contiguous().numpy().tobytes())
