@@ -28,6 +28,7 @@ from dvi_lite.cli import check_outputs, run_or_usage_error
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.vocab import TrimmedHead
 from dvi_lite.paths import BUILD_DIR
 from dvi_lite.study import cost
@@ -161,7 +162,8 @@ def sweep(model, fast_model, tok, data, layers: list[int], steps: int, v: dict, 
     table = []
     for k in layers:
         cfg = TeacherFitConfig(split=k, steps=steps, seed=seed)
-        adapter, card = fit_adapter(model, tok, data, cfg, ckpt=BUILD_DIR / "ckpt" / f"kangaroo_sweep_k{k}.pt")
+        ckpt = BUILD_DIR / "ckpt" / f"kangaroo_sweep_k{k}_{fingerprint(model)}.pt"  # one per model and exit layer
+        adapter, card = fit_adapter(model, tok, data, cfg, ckpt=ckpt)
         fast = bf16_copy(adapter, fast_model)
         c = draft_cost(fast_model, fast, resolve_vocab(fast_model, tok, cfg.vocab))
         c_full = draft_cost(fast_model, fast, None, repeats=9)
