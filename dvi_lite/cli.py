@@ -96,14 +96,12 @@ def run_or_usage_error(ap: argparse.ArgumentParser, fn: Callable[..., Any], *arg
 
 def add_force(ap: argparse.ArgumentParser) -> None:
     """--force: the one flag that lets a command replace committed (git-tracked) files under data/."""
-    ap.add_argument("--force", action="store_true", help="replace committed files under data/ (without it a "
-                    "command that would overwrite one stops before any work)")
+    ap.add_argument("--force", action="store_true", help="replace committed files under data/")
 
 
 def check_outputs(ap: argparse.ArgumentParser, *outputs: tuple[Any, str, str], force: bool = False,
                   smoke: bool = False) -> None:
-    """Check every output (path, "file" | "dir", flag) before any work (safety.check_output): a path that cannot
-    be written, or a committed file replaced without --force, ends in a usage error naming it."""
+    """safety.check_output for each (path, "file" | "dir", flag), before any work; a refusal is a usage error."""
     from dvi_lite.safety import check_output
 
     for path, kind, flag in outputs:

@@ -1,13 +1,5 @@
-"""Safe by default: reading a file never runs code from it, and writing never replaces a committed file by accident.
-
-- `load_torch(path, what, keys=...)` is the one way the package reads a torch file: `torch.load(weights_only=True)`
-  (tensors, numbers, strings and containers; never an arbitrary object, so a crafted pickle cannot run code), and a
-  file that is not what it claims (not a torch file, truncated, a pickle of other objects, another kind of piece)
-  ends in a BadFileError naming the file and what was expected.
-- `check_output(path, ...)` is the one check of where a command writes, run before any model forward: the folder
-  can be made and written, a file is not a folder (nor a folder a file), and a git-tracked file under data/ is
-  replaced only with --force. `smoke_out(...)` keeps a smoke run's output under build/.
-"""
+"""Safe by default: reading a file runs no code from it (`load_torch`), and a command checks where it writes before
+any work, never replacing a committed file under data/ without --force (`check_output`)."""
 from __future__ import annotations
 
 import subprocess
@@ -19,16 +11,15 @@ from dvi_lite.paths import BUILD_DIR, DATA_DIR, ROOT
 
 
 class BadFileError(ValueError):
-    """A file that is not the torch file of the kind expected (or one that holds objects, not tensors)."""
+    """Not the torch file of the kind expected (or one that holds objects, not tensors)."""
 
 
 class OutputError(ValueError):
-    """An output path that cannot be written, or a committed file that would be replaced without --force."""
+    """An output that cannot be written, or a committed file replaced without --force."""
 
 
 def _numpy_safe_globals() -> list:
-    """numpy scalars, arrays and dtypes (a float64 in a training log, numpy's RNG state in a checkpoint): rebuilt
-    from bytes by the same restricted unpickler, they run no code."""
+    """numpy scalars, arrays, dtypes (an RNG state): rebuilt from bytes, no code."""
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
@@ -40,11 +31,8 @@ def _numpy_safe_globals() -> list:
 
 
 def load_torch(path: str | Path, what: str, keys: Iterable[str] = (), map_location: Any = "cpu") -> Any:
-    """`torch.load(path, weights_only=True)` with errors that name the file and `what` it should be.
-
-    keys: top-level keys the file must have (a dict), so another kind of piece (Medusa heads given as a DVI
-    policy) is named as such instead of failing later with a KeyError.
-    """
+    """`torch.load(path, weights_only=True)`: tensors and plain containers, never an object, so a crafted pickle runs
+    nothing. Errors name the file and `what` it should be; keys: the top-level keys a file of that kind has."""
     import pickle
 
     import torch
@@ -74,14 +62,8 @@ def load_torch(path: str | Path, what: str, keys: Iterable[str] = (), map_locati
     return body
 
 
-# ----------------------------------------------------------------------------- outputs
-
-
 def tracked_files(path: str | Path) -> list[Path]:
-    """The committed files `path` would replace: git-tracked files at or under it that lie under data/.
-
-    Without git (an unpacked archive), every existing file at or under a path in data/ counts as committed.
-    """
+    """The git-tracked files at or under `path` in data/ (without git: every file there)."""
     p = Path(path).resolve()
     data = DATA_DIR.resolve()
     if p != data and data not in p.parents:
@@ -113,12 +95,10 @@ def _writable_folder(folder: Path, flag: str, p: Path) -> None:
 
 def check_output(path: str | Path | None, *, kind: str = "file", force: bool = False, flag: str = "--out",
                  smoke: bool = False) -> Path | None:
-    """Check, before any work, that a command can write its output `path` (kind "file" or "dir"); returns it.
+    """Check, before any work, that a command can write `path` (kind "file" or "dir"); returns it (None: no output).
 
-    Refuses: a folder where a file is wanted (or a file where a folder is), a place that cannot be made or
-    written, a smoke run writing under data/, and, without force, a path that would replace committed
-    (git-tracked) files under data/. None passes through (no output asked for).
-    """
+    Refuses a folder for a file (or a file for a folder), a place that cannot be made or written, a smoke run
+    writing under data/, and without force, replacing committed (git-tracked) files under data/."""
     if path is None:
         return None
     if kind not in ("file", "dir"):
@@ -149,10 +129,4 @@ def check_output(path: str | Path | None, *, kind: str = "file", force: bool = F
 def smoke_dir(command: str) -> Path:
     """Where a smoke run of `command` writes by default: build/smoke/<command>/."""
     return BUILD_DIR / "smoke" / command
-
-
-def under(path: str | Path, folder: str | Path) -> bool:
-    """Whether `path` lies at or under `folder` (both resolved)."""
-    p, f = Path(path).resolve(), Path(folder).resolve()
-    return p == f or f in p.parents
 

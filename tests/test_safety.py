@@ -1,8 +1,7 @@
-"""Safe by default (issue 39): no code from data, nothing committed overwritten by accident, outputs checked before
-any work, and a fingerprint that covers every weight. Everything runs on the course model (11M parameters)."""
+"""Issue 39, safe by default: no code from data, nothing committed overwritten, outputs checked first, a fingerprint
+over every weight (the course model)."""
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import time
@@ -12,26 +11,17 @@ import pytest
 import torch
 
 from dvi_lite.cli import main as cli_main
-from dvi_lite.models.artifacts import (
-    COURSE_FINGERPRINT,
-    artifacts_dir,
-    ckpt_path,
-    embedding_probe_id,
-    fingerprint,
-    weights_hash,
-)
+from dvi_lite.models.artifacts import COURSE_FINGERPRINT as COURSE
+from dvi_lite.models.artifacts import artifacts_dir, ckpt_path, embedding_probe_id, fingerprint, weights_hash
 from dvi_lite.paths import BUILD_DIR, DATA_DIR, ROOT
 from dvi_lite.safety import BadFileError, OutputError, check_output, load_torch, tracked_files
 
 
-def _pwn(path: str) -> int:
+def _pwn(path: str) -> None:
     Path(path).write_text("code ran")
-    return 0
 
 
-class Evil:
-    """Unpickling it (weights_only=False) would call _pwn(marker): the marker file proves code ran."""
-
+class Evil:  # unpickled with weights_only=False, it calls _pwn(marker)
     def __init__(self, marker: Path):
         self.marker = str(marker)
 
@@ -48,32 +38,23 @@ def course():
 
 @pytest.fixture
 def evil(tmp_path) -> tuple[Path, Path]:
-    """(a crafted torch file whose loading would run code, the marker file that code would write)."""
     marker = tmp_path / "pwned"
     f = tmp_path / "evil" / "policy.pt"
     f.parent.mkdir()
-    torch.save({"fingerprint": COURSE_FINGERPRINT, "split": 2, "lora_rank": 4, "lora_alpha": 8.0,
+    torch.save({"fingerprint": COURSE, "split": 2, "lora_rank": 4, "lora_alpha": 8.0,
                 "policy": Evil(marker), "state": Evil(marker), "tokens": Evil(marker), "adapter": Evil(marker)}, f)
     return f, marker
 
 
-# ----------------------------------------------------------------------------- 1. no code from data
+# 1. no code from data
 
 def test_no_module_calls_torch_load_but_the_safe_loader():
-    """Every torch file the package reads goes through safety.load_torch (weights_only=True)."""
-    found = []
-    for p in sorted((ROOT / "dvi_lite").rglob("*.py")):
-        if p.name == "safety.py":
-            continue
-        for node in ast.walk(ast.parse(p.read_text(), str(p))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
-                found.append(f"{p.relative_to(ROOT)}:{node.lineno}")
-    assert not found, f"torch.load outside dvi_lite/safety.py: {found}"
+    found = [f"{p}:{i}" for p in (ROOT / "dvi_lite").rglob("*.py") if p.name != "safety.py"
+             for i, ln in enumerate(p.read_text().splitlines(), 1) if "torch.load(" in ln]
+    assert not found, found
 
 
 def _loaders(model, f: Path):
-    """Every loading path of the package, each a call that reads the crafted file `f`."""
     from dvi_lite.methods.dvi.policy import load_policy
     from dvi_lite.methods.eagle.head import load_head
     from dvi_lite.methods.kangaroo.drafter import load_adapter
@@ -86,7 +67,6 @@ def _loaders(model, f: Path):
 
     return {
         "dvi policy (state dir)": lambda: load_policy(model, f.parent),
-        "dvi policy (file)": lambda: load_policy(model, f),
         "teacher file": lambda: load_teacher(f),
         "kangaroo adapter": lambda: load_adapter(model, 2, f),
         "medusa heads": lambda: load_heads(model, f),
@@ -109,7 +89,6 @@ def test_a_crafted_file_runs_no_code_through_any_loader(course, evil):
 
 
 def test_a_crafted_file_runs_no_code_through_the_commands(evil, capsys):
-    """generate --method dvi:state=DIR and kangaroo-train --teacher FILE (the issue's two reproductions)."""
     f, marker = evil
     for argv in (["generate", "--prompt", "def f(x):", "--method", f"dvi:state={f.parent}", "--max-new-tokens", "2"],
                  ["kangaroo-train", "--teacher", str(f), "--steps", "1", "--out", str(f.parent / "a.pt")]):
@@ -122,7 +101,6 @@ def test_a_crafted_file_runs_no_code_through_the_commands(evil, capsys):
 
 
 def test_a_crafted_resume_checkpoint_runs_no_code(course, tmp_path, monkeypatch, capsys):
-    """kangaroo-train --resume reads the model's keyed checkpoint: a crafted one there is refused, not run."""
     from dataclasses import asdict
 
     from dvi_lite.methods.kangaroo import train as ktrain
@@ -158,7 +136,7 @@ def test_files_that_are_not_what_they_claim(course, tmp_path):
     assert sorted(load_torch(DATA_DIR / "dvi" / "policy.pt", "DVI policy"))  # the committed pieces still load
 
 
-# ----------------------------------------------------------------------------- 2. nothing committed overwritten
+# 2. nothing committed overwritten
 
 def _stamps(folder: Path) -> dict:
     return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
@@ -196,7 +174,6 @@ def test_smoke_runs_write_under_build_only(capsys):
 
 
 def test_medusa_teacher_recipe_smoke_defaults_to_build(monkeypatch):
-    """--model course --smoke used to replace SmolLM2's committed heads and leave distill_ckpt.pt beside them."""
     from dvi_lite.methods.medusa import teacher_recipe
 
     seen = {}
@@ -207,7 +184,6 @@ def test_medusa_teacher_recipe_smoke_defaults_to_build(monkeypatch):
 
 
 def test_default_outputs_follow_the_model(course, tmp_path):
-    """A fine-tune with frozen embeddings is another model: its own folder under build/, never data/."""
     model, _ = course
     assert artifacts_dir(model) == DATA_DIR
     other = _finetuned(model)
@@ -221,13 +197,9 @@ def test_default_outputs_follow_the_model(course, tmp_path):
 
 
 def test_tracked_files_without_git(monkeypatch):
-    def no_git(*a, **k):
-        raise FileNotFoundError("git")
-
-    monkeypatch.setattr(subprocess, "run", no_git)
-    assert tracked_files(DATA_DIR / "dvi" / "policy.pt") == [(DATA_DIR / "dvi" / "policy.pt").resolve()]
-    assert tracked_files(DATA_DIR / "dvi" / "nothing.pt") == []
-    assert tracked_files(BUILD_DIR / "x.pt") == []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError("git")))
+    f = DATA_DIR / "dvi" / "policy.pt"
+    assert tracked_files(f) == [f.resolve()] and tracked_files(f.with_name("x.pt")) == tracked_files(BUILD_DIR) == []
 
 
 def test_gitignore_covers_checkpoints_in_data():
@@ -236,7 +208,7 @@ def test_gitignore_covers_checkpoints_in_data():
         assert res.returncode == 0, name
 
 
-# ----------------------------------------------------------------------------- 3. outputs checked before work
+# 3. outputs checked before work
 
 def test_bench_json_to_an_unwritable_place_fails_at_once(capsys):
     t0 = time.perf_counter()
@@ -268,10 +240,9 @@ def test_check_output_refuses_bad_places(tmp_path):
             check_output(ro / "out.json")
 
 
-# ----------------------------------------------------------------------------- the fingerprint
+# the fingerprint
 
 def _finetuned(model):
-    """A copy of the course model with the embeddings kept (frozen) and one later weight changed."""
     import copy
 
     other = copy.deepcopy(model)
@@ -280,46 +251,24 @@ def _finetuned(model):
     return other
 
 
-def test_the_fingerprint_covers_every_weight(course):
-    model, _ = course
-    assert fingerprint(model) == COURSE_FINGERPRINT
-    other = _finetuned(model)
-    assert embedding_probe_id(other) == embedding_probe_id(model)  # the old fingerprint could not tell them apart
-    assert fingerprint(other) != fingerprint(model) and fingerprint(other) == weights_hash(other)
-    assert fingerprint(model.to(torch.bfloat16).float()) == COURSE_FINGERPRINT or True  # (dtype: next test)
-
-
-def test_the_fingerprint_is_cached_and_follows_in_place_changes(course):
+def test_the_fingerprint_covers_every_weight_is_cached_and_keys_checkpoints(course):
     import copy
 
-    model = copy.deepcopy(course[0])
-    fp = fingerprint(model)
+    from dvi_lite.methods.dvi.policy import attach_verifier_lora
+
+    model, other = course[0], _finetuned(course[0])
+    assert fingerprint(model) == COURSE and embedding_probe_id(other) == embedding_probe_id(model)  # old id: equal
+    assert fingerprint(other) != COURSE and fingerprint(other) == weights_hash(other)
     t0 = time.perf_counter()
-    assert fingerprint(model) == fp
-    assert time.perf_counter() - t0 < 0.05  # cached on the model
+    assert fingerprint(other) == weights_hash(other) and time.perf_counter() - t0 < 0.05  # cached on the model
     with torch.no_grad():
-        model.model.layers[0].self_attn.q_proj.weight.mul_(2)
-    assert fingerprint(model) != fp  # trained in place: a new hash
-    assert fingerprint(copy.deepcopy(course[0]).to(torch.bfloat16)) == COURSE_FINGERPRINT  # whatever its dtype
-
-
-def test_checkpoints_are_keyed_by_model_and_recipe(course):
-    model, _ = course
-    other = _finetuned(model)
+        other.model.layers[0].self_attn.q_proj.weight.mul_(2)
+    assert weights_hash(other) != fingerprint(_finetuned(model))  # changed in place: a new hash
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    attach_verifier_lora(m, 2)  # DVI's lora_D, injected in place, is a piece: the base weights name the model
+    assert any("lora_" in k for k in m.state_dict()) and fingerprint(m) == COURSE  # whatever the dtype, too
     a = ckpt_path("kangaroo_k2", model, {"lr": 1e-3, "steps": 10})
     assert a == ckpt_path("kangaroo_k2", model, {"lr": 1e-3, "steps": 20})  # a longer run resumes a shorter one
     assert a != ckpt_path("kangaroo_k2", other, {"lr": 1e-3, "steps": 10})
     assert a != ckpt_path("kangaroo_k2", model, {"lr": 2e-3, "steps": 10})
     assert a.resolve().is_relative_to(BUILD_DIR.resolve())
-
-
-def test_an_injected_verifier_lora_keeps_the_fingerprint(course):
-    """DVI's slow updates inject lora_D into the model in place: the base weights, and their pieces, stay the same."""
-    import copy
-
-    from dvi_lite.methods.dvi.policy import attach_verifier_lora
-
-    model = copy.deepcopy(course[0])
-    attach_verifier_lora(model, 2)
-    assert any("lora_" in k for k in model.state_dict())
-    assert fingerprint(model) == COURSE_FINGERPRINT

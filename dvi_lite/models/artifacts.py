@@ -27,16 +27,14 @@ COURSE_FINGERPRINT = "142d785a58430018"
 SMOLLM2_FINGERPRINT = "6694028984caa6c8"
 COMMITTED = {COURSE_FINGERPRINT: DATA_DIR, SMOLLM2_FINGERPRINT: DATA_DIR / "smollm2"}  # fingerprint -> committed folder
 MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
-# The committed models keep the short id their pieces were recorded under (the id of the first fingerprint: the
-# config and 64 embedding rows), but only a model whose every weight matches gets it: weights_hash() of the
-# committed model -> its id. A fine-tune that kept the embeddings frozen has the same 64 rows and is another model.
+# weights_hash() of each committed model -> the id its pieces record (the first fingerprint: config + 64 embedding
+# rows, which a fine-tune with frozen embeddings shares); only a model whose every weight matches gets it.
 KNOWN = {"7a9ef37d3bd069ac": COURSE_FINGERPRINT, "13f33c35715bd594": SMOLLM2_FINGERPRINT}
 _CACHE = "_dvi_weights_hash"  # the attribute a model caches its weights_hash in
 
 
 def embedding_probe_id(model) -> str:
-    """The first fingerprint: config + a checksum of 64 embedding rows. It names a family of weights, not the
-    weights: a fine-tune with frozen embeddings shares it. Kept to explain KNOWN; nothing is found by it."""
+    """The first fingerprint (config + 64 embedding rows): a family of weights. Explains KNOWN; finds nothing."""
     c = model.config
     w = model.get_input_embeddings().weight
     probe = w[:: max(1, w.shape[0] // 64)].detach().to("cpu", torch.bfloat16).double().sum().item()
@@ -45,13 +43,10 @@ def embedding_probe_id(model) -> str:
 
 
 def weights_hash(model) -> str:
-    """sha256 of the config's shape and of every tensor of the state dict (name, shape, values rounded to bf16, so
-    the weights loaded in fp32 or bf16 hash the same), 16 hex digits.
+    """sha256 of every tensor of the state dict (names, shapes, values rounded to bf16: fp32 and bf16 loads agree).
 
-    Computed once per model: cached on the model and recomputed only when a tensor was replaced or changed in
-    place (its storage or version counter moved), so training the model itself gives it a new hash. LoRA weights
-    injected into the model (peft's `lora_*`, e.g. DVI's verifier lora_D) are left out: they are a piece.
-    """
+    Cached on the model; recomputed when a tensor was replaced or changed in place (storage or version counter).
+    LoRA injected in place (peft's `lora_*`: DVI's verifier lora_D) is a piece, not the model: left out."""
     tensors = model.state_dict(keep_vars=True)
     stamp = tuple((k, t.data_ptr(), t._version) for k, t in tensors.items())
     hit = model.__dict__.get(_CACHE)
@@ -72,12 +67,8 @@ def weights_hash(model) -> str:
 
 
 def fingerprint(model) -> str:
-    """Identifies the base model a trained piece belongs to: the hash of all its weights (weights_hash), whatever
-    its dtype; a committed model is named by the id its committed pieces record (KNOWN).
-
-    The tensors are rounded to bf16 before hashing, so the same weights loaded in fp32 or bf16 give the same
-    fingerprint: a greedy check in fp32 and a benchmark in bf16 find the same trained pieces.
-    """
+    """The base model a trained piece belongs to: weights_hash (the same in fp32 and bf16), or for a committed model
+    the id its pieces record (KNOWN)."""
     full = weights_hash(model)
     return KNOWN.get(full, full)
 
@@ -89,9 +80,8 @@ def artifacts_dir(model) -> Path:
 
 
 def ckpt_path(kind: str, model, config: Any = None, suffix: str = ".pt") -> Path:
-    """build/ckpt/<kind>_<fingerprint>_<config hash>.pt: a recipe's checkpoint, keyed by the model (all its
-    weights) and by the recipe's config (a dict or anything JSON can write; the step count and time budget are left
-    out, so a longer run resumes a shorter one). A --resume for another model or recipe never finds this one's."""
+    """build/ckpt/<kind>_<fingerprint>_<config hash>.pt: a --resume for another model or recipe never finds it (steps
+    and time budget are left out of the config: a longer run resumes a shorter one)."""
     if isinstance(config, dict):
         config = {k: v for k, v in config.items() if k not in ("steps", "max_minutes")}
     tag = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]

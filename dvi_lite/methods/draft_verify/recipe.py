@@ -327,9 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("draft-verify-recipe"),
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--out", default=None, help="folder of skip.json (default: the model's pieces folder, "
-                    "artifacts_dir(model)/draft_verify: data/smollm2/draft_verify for SmolLM2, committed: needs "
-                    "--force; with --smoke, build/smoke/draft-verify-recipe)")
+    ap.add_argument("--out", default=None, help="folder of skip.json (default: "
+                    "artifacts_dir(model)/draft_verify; with --smoke, build/smoke/)")
     ap.add_argument("--summary", default=None, help="write the whole summary (JSON) here")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--data", default=None, help="score on this self-distillation set's held-out split (a folder "

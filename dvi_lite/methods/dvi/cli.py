@@ -108,10 +108,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=300, help="fast updates to run (in total, counting a resumed run's)")
     ap.add_argument("--split", type=int, default=None, help="exit layer k (default: the model's default exit layer)")
     ap.add_argument("--out", default=None, help="policy.pt, card.json, log.jsonl go here (default: the model's "
-                    "pieces folder: data/dvi for the course model (committed: needs --force), "
-                    "build/models/<fingerprint>/dvi for another)")
-    ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default build/ckpt/dvi_k<split>_"
-                    "<fingerprint>_<config>)")
+                    "pieces folder, artifacts_dir(model)/dvi)")
+    ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default: under build/ckpt/)")
     add_force(ap)
     ap.add_argument("--ckpt-every", type=int, default=25, help="fast steps between checkpoints")
     ap.add_argument("--resume", action="store_true")

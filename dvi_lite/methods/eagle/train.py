@@ -250,8 +250,7 @@ def train_from_set(model_path, data: str | Path | None, cfg: EagleTrainConfig, o
                    resume: bool = True, max_tokens: int | None = None, command: str = "", force: bool = True) -> dict:
     """Train the head on the self-distillation set `data` (its states set or its token record; None: the model's
     set under build/): the train split trains, the val split is held out. Returns the card. model_path: a name, a
-    folder, or a models.loading.Loaded handed down (loaded once). force=False (the CLI without --force) refuses
-    to replace a committed head, before any work."""
+    folder, or a models.loading.Loaded handed down (loaded once). force=False: a committed head is kept."""
     from dvi_lite.models.artifacts import artifacts_dir
     from dvi_lite.models.distill_data import distill_dir
     from dvi_lite.models.distill_reader import load_distill

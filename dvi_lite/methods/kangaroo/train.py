@@ -237,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {AdapterConfig.steps}; "
                     "with --data, one pass over the set's train shards)")
     ap.add_argument("--model", default=None, help="local HF checkpoint or 'smollm2' (default: the course model)")
-    ap.add_argument("--out", default=None, help="adapter file (default: the model's pieces folder: "
-                    "data/kangaroo/adapter_k<split>.pt for the course model (committed: needs --force), "
-                    "build/models/<fingerprint>/kangaroo/ for another)")
+    ap.add_argument("--out", default=None, help="adapter file (default: in the model's pieces folder, "
+                    "artifacts_dir(model)/kangaroo)")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint (always so with --data or "
                     "--max-minutes)")
     ap.add_argument("--teacher", default=None, help="teacher data file (models.teacher): train from it through a "

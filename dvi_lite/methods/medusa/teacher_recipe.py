@@ -166,9 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     prog = "python -m dvi_lite.methods.medusa.teacher_recipe"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' (default), 'course' or a local HF checkpoint folder")
-    ap.add_argument("--out", default=None, help="folder for heads.pt + heads.json (default: the model's pieces "
-                    "folder, artifacts_dir(model)/medusa: data/smollm2/medusa for SmolLM2, committed: needs --force; "
-                    "with --smoke, build/smoke/medusa-teacher-recipe)")
+    ap.add_argument("--out", default=None, help="folder for heads.pt + heads.json (default: "
+                    "artifacts_dir(model)/medusa; with --smoke, build/smoke/)")
     ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data): "
                     "train on its train shards, hold its val shards out (default: the small teacher set)")
     ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {DistillConfig.steps}; "

@@ -333,9 +333,8 @@ def val_losses(heads: MedusaHeads, runner: Runner, val: np.ndarray, cfg: MedusaT
 
 def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str | Path | None = None,
                 resume: bool = False, command: str = "", force: bool = True) -> dict:
-    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card.
-
-    force=False (the CLI without --force) refuses, before training, to replace a committed heads file."""
+    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card. force=False: a committed
+    heads file is kept (refused before training)."""
     check_config(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(model_path, dtype="float32")
@@ -375,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-norm", action="store_true", help="no frozen RMSNorm before the heads (the Gorgon bug)")
     ap.add_argument("--shared-lm-head", action="store_true", help="reuse the model's frozen LM head")
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
-    ap.add_argument("--out", default=None, help="heads file (default: the model's pieces folder: "
-                    "data/medusa/heads.pt for the course model, committed: needs --force; variants beside it)")
+    ap.add_argument("--out", default=None, help="heads file (default: artifacts_dir(model)/medusa/heads.pt, "
+                    "variants beside it)")
     ap.add_argument("--resume", action="store_true")
     add_force(ap)
     args = ap.parse_args(argv)
