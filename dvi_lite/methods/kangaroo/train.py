@@ -76,7 +76,6 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
     tcfg = TrainConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
                        min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
-    data, val = encode_split(tok, "train"), encode_split(tok, "val")
     gen = torch.Generator().manual_seed(cfg.seed)
     out = Path(out) if out is not None else adapter_path(cfg.split, artifacts_dir(model) / "kangaroo")
     ckpt = (BUILD_DIR / "ckpt" / f"{ckpt_name}.pt" if ckpt_name  # else keyed by the model and the recipe
@@ -88,6 +87,7 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])
         step, log, elapsed = ck["step"], ck["log"], ck["elapsed"]
+    data, val = encode_split(tok, "train"), encode_split(tok, "val")  # after the checkpoint: a bad one fails fast
     t0, last = time.time() - elapsed, time.time()
     bar = tqdm(range(step, cfg.steps), initial=step, total=cfg.steps, desc=f"adapter k={cfg.split}")
     for step in bar:
