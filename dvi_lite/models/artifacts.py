@@ -29,7 +29,8 @@ COMMITTED = {COURSE_FINGERPRINT: DATA_DIR, SMOLLM2_FINGERPRINT: DATA_DIR / "smol
 MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
 # weights_hash() of each committed model -> the id its pieces record (the first fingerprint: config + 64 embedding
 # rows, which a fine-tune with frozen embeddings shares); only a model whose every weight matches gets it.
-KNOWN = {"7a9ef37d3bd069ac": COURSE_FINGERPRINT, "13f33c35715bd594": SMOLLM2_FINGERPRINT}
+KNOWN = {"7a9ef37d3bd069ac": COURSE_FINGERPRINT, "13f33c35715bd594": SMOLLM2_FINGERPRINT,
+         "f2b11d7312ed78b2": SMOLLM2_FINGERPRINT}  # SmolLM2 loaded in fp16 (fp32 -> fp16 -> bf16 rounds twice)
 _CACHE = "_dvi_weights_hash"  # the attribute a model caches its weights_hash in
 
 
