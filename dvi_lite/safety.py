@@ -18,14 +18,13 @@ class OutputError(ValueError):
     """An output that cannot be written, or a committed file replaced without --force."""
 
 
-def _numpy_safe_globals() -> list:
-    """numpy scalars, arrays, dtypes (an RNG state): rebuilt from bytes, no code."""
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        return []
+def _safe_globals() -> list:
+    """torch.__version__ (a str in a card), numpy scalars, arrays, dtypes (an RNG state): data, no code."""
+    import numpy as np
+    from torch.torch_version import TorchVersion
+
     core = getattr(np, "_core", None) or np.core
-    out: list = [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype]
+    out: list = [TorchVersion, core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype]
     out += [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", object())) if n.endswith("DType")]
     return out
 
@@ -41,7 +40,7 @@ def load_torch(path: str | Path, what: str, keys: Iterable[str] = (), map_locati
     if not p.is_file():
         raise FileNotFoundError(f"{what}: no file at {p}")
     try:
-        with torch.serialization.safe_globals(_numpy_safe_globals()):
+        with torch.serialization.safe_globals(_safe_globals()):
             body = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
