@@ -95,7 +95,7 @@ lab: setup ## Open JupyterLab on notebooks/
 	$(VENV)/bin/jupyter lab notebooks/
 
 model: setup ## Retrain the course model and the draft model
-	$(PY) -m dvi_lite train --preset course && $(PY) -m dvi_lite train --preset draft
+	$(PY) -m dvi_lite train --preset course --force && $(PY) -m dvi_lite train --preset draft --force
 
 env-check: setup ## Check installed versions, torch build, triton, browser and course model
 	$(PY) -m dvi_lite env-check

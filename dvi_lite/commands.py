@@ -92,3 +92,17 @@ def run_or_usage_error(ap: argparse.ArgumentParser, fn: Callable[..., Any], *arg
         return fn(*args, **kwargs)
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
+
+
+def add_force(ap: argparse.ArgumentParser) -> None:
+    """--force: the one flag that lets a command replace committed (git-tracked) files under data/."""
+    ap.add_argument("--force", action="store_true", help="replace committed files under data/")
+
+
+def check_outputs(ap: argparse.ArgumentParser, *outputs: tuple[Any, str, str], force: bool = False,
+                  smoke: bool = False) -> None:
+    """safety.check_output for each (path, "file" | "dir", flag), before any work; a refusal is a usage error."""
+    from dvi_lite.safety import check_output
+
+    for path, kind, flag in outputs:
+        run_or_usage_error(ap, check_output, path, kind=kind, force=force, flag=flag, smoke=smoke)

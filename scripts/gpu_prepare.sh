@@ -93,7 +93,7 @@ dirs=()
 for i in "${!names[@]}"; do
   piece=${names[$i]}
   if [[ $piece == "eagle head" && -n $EAGLE_TRAIN ]]; then
-    run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite eagle-train --model smollm2 --data "$SET" --no-resume \
+    run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite eagle-train --model smollm2 --data "$SET" --no-resume --force \
       --out data/smollm2/eagle $EAGLE_TRAIN
   else
     run_capped "$piece" "${caps[$i]:-60}" $PY -m dvi_lite prepare --model smollm2 --force --data "$SET" \
@@ -102,7 +102,7 @@ for i in "${!names[@]}"; do
   dirs+=("data/smollm2/${piece%% *}")
 done
 for k in $KANGAROO_SPLITS; do
-  run_capped "kangaroo exit $k" 60 $PY -m dvi_lite kangaroo-train --model smollm2 --data "$SET" --split "$k" \
+  run_capped "kangaroo exit $k" 60 $PY -m dvi_lite kangaroo-train --model smollm2 --data "$SET" --split "$k" --force \
     --steps "$KANGAROO_SWEEP_STEPS" --out "data/smollm2/kangaroo/adapter_k$k.pt"
 done
 small=()

@@ -92,10 +92,11 @@ def test_smoke_training_lowers_the_loss_and_resumes_bit_exact(course_teacher, tm
         if step == 5:  # after step 5: the last checkpoint is step 4's, so step 5 is redone
             raise Killed
 
+    ckpt = tmp_path / "ckpt.pt"  # (the default is under build/ckpt/, keyed by the model, recipe and output)
     with pytest.raises(Killed):
-        train_eagle(model, data, cfg, tmp_path / "b", resume=False, on_step=kill, progress=False)
-    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=False)["step"] == 4
-    head_b, card_b = train_eagle(model, data, cfg, tmp_path / "b", resume=True, progress=False)
+        train_eagle(model, data, cfg, tmp_path / "b", resume=False, on_step=kill, progress=False, ckpt=ckpt)
+    assert torch.load(ckpt, weights_only=True)["step"] == 4
+    head_b, card_b = train_eagle(model, data, cfg, tmp_path / "b", resume=True, progress=False, ckpt=ckpt)
     for k, v in head_a.state_dict().items():
         assert torch.equal(v, head_b.state_dict()[k]), k
     assert card_b["log"] == card_a["log"] and card_b["curve"] == card_a["curve"] and card_b["final"] == card_a["final"]

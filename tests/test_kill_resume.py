@@ -258,7 +258,7 @@ def argv_for(command: str, model: Path, run: Path) -> tuple[list[str], Path]:
                          "--prompts", str(model.parent / "prompts.jsonl"), "--max-new-tokens", "16",
                          "--eval-prompts", "0", "--K", "3", "--slow"], run / "ck" / "policy.pt"
     if command == "kangaroo-train":
-        return common + ["--split", "1", "--out", str(run / "out" / "adapter.pt")], run / "ckpt" / "kangaroo_k1.pt"
+        return common + ["--split", "1", "--out", str(run / "out" / "adapter.pt")], run / "ckpt"  # kangaroo_k1_*
     return common + ["--heads", "2", "--batch-size", "2", "--seq-len", "32", "--out", str(run / "out" / "heads.pt")], \
         run / "build" / "ckpt"  # medusa: one file named after --out, found below
 
@@ -277,7 +277,7 @@ def start(zygote: Zygote, command: str, model: Path, run: Path, resume: int = 0,
 def checkpoint_file(ckpt: Path) -> Path | None:
     if ckpt.suffix == ".pt":
         return ckpt if ckpt.is_file() else None
-    found = sorted(ckpt.glob("medusa_*.pt")) if ckpt.is_dir() else []
+    found = sorted(ckpt.glob("*.pt")) if ckpt.is_dir() else []  # named after the model and recipe (or --out)
     return found[0] if found else None
 
 

@@ -195,7 +195,7 @@ def test_core_imports_nothing_outside_core():
 # (the modules below import from where a name lives, never from the API); `python -m dvi_lite` and its dispatcher
 # on top. The notebooks and scripts/ stand above all of it.
 LAYERS = ("base", "core", "measure", "models", "course_model", "methods", "study", "api", "course", "top")
-TOP_LEVEL = {"paths": "base", "commands": "base", "": "api", "cli": "top", "__main__": "top"}
+TOP_LEVEL = {"paths": "base", "commands": "base", "safety": "base", "": "api", "cli": "top", "__main__": "top"}
 
 
 def layer_of(module: str) -> str:

@@ -20,12 +20,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dvi_lite.commands import command_line, prog
+from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.models.corpus import DOMAINS, load_prompts
 from dvi_lite.models.tokenizer import EOS, train_tokenizer
 from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.safety import load_torch
 
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 
@@ -104,7 +105,7 @@ def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     step, elapsed, log = 0, 0.0, []
     if resume and ckpt_path.is_file():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = load_torch(ckpt_path, "course model training checkpoint", keys=("model", "opt", "gen"))
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="override the number of optimiser steps")
     ap.add_argument("--out", help="override the output folder")
     ap.add_argument("--resume", action="store_true", help="continue from build/ckpt/<name>.pt")
+    add_force(ap)  # the presets write the committed course and draft models: retraining them needs --force
     args = ap.parse_args(argv)
     cfg = replace(PRESETS[args.preset])  # a copy: the presets stay as declared
     if args.steps is not None:
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.steps = args.steps
     if args.out:
         cfg.out_dir = args.out
+    check_outputs(ap, (cfg.out_dir, "dir", "--out"), force=args.force)
     train(cfg, resume=args.resume, command=command_line("train", argv))
     return 0
 

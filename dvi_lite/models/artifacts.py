@@ -17,7 +17,8 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.safety import load_torch
 
 # fingerprint() of data/course_model (tests/test_artifacts.py checks it): retraining the course model
 # changes it, and then every committed artifact must be retrained too.
@@ -26,14 +27,15 @@ COURSE_FINGERPRINT = "142d785a58430018"
 SMOLLM2_FINGERPRINT = "6694028984caa6c8"
 COMMITTED = {COURSE_FINGERPRINT: DATA_DIR, SMOLLM2_FINGERPRINT: DATA_DIR / "smollm2"}  # fingerprint -> committed folder
 MODELS_DIR = DATA_DIR.parent / "build" / "models"  # DVI_MODELS_DIR overrides it (tests, shared caches)
+# weights_hash() of each committed model -> the id its pieces record (the first fingerprint: config + 64 embedding
+# rows, which a fine-tune with frozen embeddings shares); only a model whose every weight matches gets it.
+KNOWN = {"7a9ef37d3bd069ac": COURSE_FINGERPRINT, "13f33c35715bd594": SMOLLM2_FINGERPRINT,
+         "f2b11d7312ed78b2": SMOLLM2_FINGERPRINT}  # SmolLM2 loaded in fp16 (fp32 -> fp16 -> bf16 rounds twice)
+_CACHE = "_dvi_weights_hash"  # the attribute a model caches its weights_hash in
 
 
-def fingerprint(model) -> str:
-    """Identifies the base model a trained piece belongs to (config + a weight checksum), whatever its dtype.
-
-    The probe rows are rounded to bf16 before summing, so the same weights loaded in fp32, bf16 or fp16 give
-    the same fingerprint: a greedy check in fp32 and a benchmark in bf16 find the same trained pieces.
-    """
+def embedding_probe_id(model) -> str:
+    """The first fingerprint (config + 64 embedding rows): a family of weights. Explains KNOWN; finds nothing."""
     c = model.config
     w = model.get_input_embeddings().weight
     probe = w[:: max(1, w.shape[0] // 64)].detach().to("cpu", torch.bfloat16).double().sum().item()
@@ -48,10 +50,50 @@ def model_facts(name: str | None, model) -> dict:
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
 
 
+def weights_hash(model) -> str:
+    """sha256 of every tensor of the state dict (names, shapes, values rounded to bf16: fp32 and bf16 loads agree).
+
+    Cached on the model; recomputed when a tensor was replaced or changed in place (storage or version counter).
+    LoRA injected in place (peft's `lora_*`: DVI's verifier lora_D) is a piece, not the model: left out."""
+    tensors = model.state_dict(keep_vars=True)
+    stamp = tuple((k, t.data_ptr(), t._version) for k, t in tensors.items())
+    hit = model.__dict__.get(_CACHE)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    c = model.config
+    h = hashlib.sha256(f"{c.model_type}-{c.num_hidden_layers}-{c.hidden_size}".encode())
+    for name, t in tensors.items():
+        if "lora_" in name:  # an adapter injected in place (DVI's lora_D) is a trained piece, not the base model
+            continue
+        name, t = name.replace(".base_layer.", "."), t.detach()
+        h.update(f"{name}:{tuple(t.shape)}:{'f' if t.is_floating_point() else t.dtype};".encode())
+        t = t.to("cpu", torch.bfloat16).view(torch.int16) if t.is_floating_point() else t.to("cpu")
+        h.update(t.contiguous().numpy().tobytes())
+    value = h.hexdigest()[:16]
+    object.__setattr__(model, _CACHE, (stamp, value))
+    return value
+
+
+def fingerprint(model) -> str:
+    """The base model a trained piece belongs to: weights_hash (the same in fp32 and bf16), or for a committed model
+    the id its pieces record (KNOWN)."""
+    full = weights_hash(model)
+    return KNOWN.get(full, full)
+
+
 def artifacts_dir(model) -> Path:
     """data/ for the course model, data/smollm2/ for SmolLM2 (both committed), build/models/<fingerprint>/ else."""
     fp = fingerprint(model)
     return COMMITTED[fp] if fp in COMMITTED else Path(os.environ.get("DVI_MODELS_DIR", MODELS_DIR)) / fp
+
+
+def ckpt_path(kind: str, model, config: Any = None, suffix: str = ".pt") -> Path:
+    """build/ckpt/<kind>_<fingerprint>_<config hash>.pt: a --resume for another model or recipe never finds it (steps
+    and time budget are left out of the config: a longer run resumes a shorter one)."""
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in ("steps", "max_minutes")}
+    tag = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return BUILD_DIR / "ckpt" / f"{kind}_{fingerprint(model)}_{tag}{suffix}"
 
 
 def model_defaults(model) -> dict:
@@ -81,7 +123,7 @@ def read_piece(path: str | Path, model, what: str, how: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what}: no file at {p}; make one with {how}")
-    body = torch.load(p, map_location="cpu", weights_only=True)
+    body = load_torch(p, what, keys=("fingerprint",))
     if body.get("fingerprint") != fingerprint(model):
         raise ValueError(f"{what} {p} was trained for the model {body.get('fingerprint')}, not this one "
                          f"({fingerprint(model)}); make one for it with {how}")

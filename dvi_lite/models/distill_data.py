@@ -1,8 +1,7 @@
 """The self-distillation set at scale: the target's own answers, with its outputs stored once, in shards.
 
 A draft is only as good as the data it imitates. `models/teacher.py` keeps one small in-memory set (87k
-tokens); this module builds millions of tokens on a CPU in resumable shards under
-build/distill/<fingerprint>/:
+tokens); this module builds millions of tokens on a CPU in resumable shards under build/distill/<fingerprint>/:
 
     python -m dvi_lite distill-data --model smollm2 --tokens 2000000
 
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
@@ -373,12 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, nargs="+", default=list(DistillConfig.layers))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="folder of the states (default: build/distill/<fingerprint>/)")
-    ap.add_argument("--record", default=None,
-                    help="the committed token record (default: data/<model>/distill/, e.g. data/smollm2/distill/)")
+    ap.add_argument("--record", default=None, help="the committed token record (default: data/<model>/distill/)")
     ap.add_argument("--no-states", action="store_true",
                     help="keep only the token record (a CPU's choice: states are one teacher forward away)")
     ap.add_argument("--shards", type=int, nargs="+", help="only the states of these recorded shards (e.g. 0 1 19)")
+    add_force(ap)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.out, "dir", "--out"), force=args.force)  # the record grows by design: not checked
 
     def run() -> dict:
         from dvi_lite.models.loading import load_model

@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import load_torch
 
 
 @dataclass
@@ -205,7 +206,8 @@ def load_teacher(path: str | Path) -> TeacherData:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no teacher data at {p}: build it with `python -m dvi_lite teacher --model ...`")
-    return TeacherData(**torch.load(p, weights_only=False))
+    keys = ("tokens", "mask", "states", "final", "top_ids", "top_logp")
+    return TeacherData(**load_torch(p, "teacher data file", keys=keys))
 
 
 def teacher_for(model, tok, cfg: TeacherConfig | None = None, path: str | Path | None = None) -> TeacherData:
@@ -240,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-windows", type=int, default=TeacherConfig.corpus_windows)
     ap.add_argument("--layers", type=int, nargs="+", default=list(TeacherConfig.layers))
     ap.add_argument("--out", default=None, help="file (default: build/teacher/<fingerprint>/teacher.pt)")
+    add_force(ap)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.out, "file", "--out"), force=args.force)
     from dvi_lite.models.loading import load_model
 
     def run() -> TeacherData:

@@ -30,6 +30,7 @@ from torch import nn
 
 from dvi_lite.core.checks import check_int, is_int
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.safety import load_torch
 
 
 def _base(linear: nn.Module) -> nn.Module:
@@ -123,7 +124,7 @@ def load_vocab_ids(model, path: str | Path) -> torch.Tensor:
     if not path.is_file():
         raise FileNotFoundError(f"no vocabulary map at {path}; build one with "
                                 "dvi_lite.models.vocab.build_vocab_map(model, tokenizer, n) (or pass vocab=<int>)")
-    body = torch.load(path, map_location="cpu", weights_only=True)
+    body = load_torch(path, "vocabulary map", keys=("ids", "vocab_size"))
     if body["vocab_size"] != head_vocab_size(model):
         raise ValueError(f"vocabulary map {path} is for a vocabulary of {body['vocab_size']} tokens; this model has "
                          f"{head_vocab_size(model)}")

@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from dvi_lite.commands import command_line, prog
+from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.generate import generate
 from dvi_lite.core.registry import METHODS
@@ -116,7 +116,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", action=argparse.BooleanOptionalAction, default=None,
                     help="measure the memory bandwidth (a copy and a sum of 512 MiB; default: on with --json)")
-    ap.add_argument("--json", default=None, help="write results JSON here")
+    ap.add_argument("--json", default=None, help="write results JSON here (checked before any work)")
+    add_force(ap)
     add_renamed_flags(ap, "k")  # --k: an error naming --K
     return ap
 
@@ -124,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"), force=args.force)
     try:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         if not methods:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int
 from dvi_lite.measure.timing import decode_counts
 
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--options", default="{}", help="the method's other options, as JSON (e.g. '{\"split\": 4}')")
     ap.add_argument("--json", default=None, help="write the rows with their provenance here (results/...)")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
 
     def run() -> dict:
         from dvi_lite.measure.provenance import write_result

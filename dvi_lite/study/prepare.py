@@ -166,7 +166,8 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
     if "dvi head" in todo:
         dvi.main(["--model", str(model_path), "--split", str(split), "--steps", str(cfg.dvi_steps),
                   "--out", str(todo["dvi head"].parent), "--seed", str(cfg.seed), "--eval-prompts", "0",
-                  "--ckpt-dir", str(artifacts_dir(model).parent / f"ckpt_{fingerprint(model)}_dvi")])
+                  "--ckpt-dir", str(artifacts_dir(model).parent / f"ckpt_{fingerprint(model)}_dvi")]
+                 + (["--force"] if force else []))  # the course model's committed policy: only when forced
     return {k: str(v) for k, v in pieces.items()}
 
 

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from dvi_lite.commands import command_line, prog
+    from dvi_lite.commands import check_outputs, command_line, prog
 
     ap = argparse.ArgumentParser(prog=prog("scaling"), description=__doc__.splitlines()[0])
     ap.add_argument("--bench", required=True, help="a bench results file with the pieces' rows (their c) and v(n)")
@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedups", type=float, nargs="+", default=[1.3, 2.0])
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
     bench = json.loads(Path(args.bench).read_text())
     rep = scaling_report(args.pieces, bench, tuple(args.speedups))
     if not rep:

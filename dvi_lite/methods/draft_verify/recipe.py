@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog
+from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.draft_verify.bo import SearchConfig, SearchResult, search_skip
 from dvi_lite.methods.draft_verify.objective import Calibration, SkipObjective, measure_sublayer_costs
@@ -39,7 +39,8 @@ from dvi_lite.methods.draft_verify.skipset import (
     skip_to_dict,
     uniform_skip,
 )
-from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint
+from dvi_lite.safety import smoke_dir
 
 V_RESULTS = "results/14_smollm2_bf16.json"  # the measured v(n) of SmolLM2 in bf16 on this machine
 # Skip ratios the recipe compares: 4, 8, 12, 18, 24, 30 of SmolLM2's 60 sub-layers (even counts, so the
@@ -326,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("draft-verify-recipe"),
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--out", default="data/smollm2/draft_verify", help="folder of skip.json")
+    ap.add_argument("--out", default=None, help="folder of skip.json (default: "
+                    "artifacts_dir(model)/draft_verify; with --smoke, build/smoke/)")
     ap.add_argument("--summary", default=None, help="write the whole summary (JSON) here")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--data", default=None, help="score on this self-distillation set's held-out split (a folder "
@@ -335,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=None, help="override the recipe's skip ratios")
     ap.add_argument("--bench", nargs="+", default=None, help="with --results: bench JSONs of the chosen set")
     ap.add_argument("--results", default=None, help="with --summary and --bench: write the results JSON here")
+    add_force(ap)
     args = ap.parse_args(argv)
     if args.results is not None:
+        check_outputs(ap, (args.results, "file", "--results"), force=args.force)
         write_results(args.summary, args.bench or [], args.results, command_line("draft-verify-recipe", argv))
         return 0
     cfg = RecipeConfig.smoke() if args.smoke else RecipeConfig()
@@ -344,8 +348,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, trials=args.trials)
     if args.ratios is not None:
         cfg = replace(cfg, ratios=tuple(args.ratios))
-    out = prepare_smollm2(args.model, Path(args.out), command_line("draft-verify-recipe", argv), args.smoke,
-                          teacher=args.data, summary_path=args.summary, cfg=cfg)
+    from dvi_lite.models.loading import Loaded, load_model
+
+    model, tok = run_or_usage_error(ap, load_model, args.model, dtype="bfloat16")
+    out_dir = Path(args.out) if args.out else smoke_dir("draft-verify-recipe") if args.smoke else \
+        artifacts_dir(model) / "draft_verify"
+    check_outputs(ap, (out_dir, "dir", "--out"), (args.summary, "file", "--summary"), force=args.force,
+                  smoke=args.smoke)
+    out = prepare_smollm2(Loaded(model, tok, args.model), out_dir, command_line("draft-verify-recipe", argv),
+                          args.smoke, teacher=args.data, summary_path=args.summary, cfg=cfg)
     print(json.dumps({"chosen": out["chosen"]["ratio"], "calibration": out["chosen"]["calibration"],
                       "heldout": out["chosen"]["heldout"]}, indent=1))
     return 0

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import add_force, command_line, prog, run_or_usage_error
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.draft_verify.bo import SAMPLERS, SearchConfig, SearchResult, search_skip
@@ -24,6 +24,7 @@ from dvi_lite.methods.draft_verify.recipe import prepare_smollm2
 from dvi_lite.methods.draft_verify.skipset import n_skipped, skip_file, skip_to_dict
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.corpus import make_prompts
+from dvi_lite.safety import check_output
 
 # Public names of the search: the engine from `bo` and SmolLM2's recipe from `recipe` are re-exported, so
 # notebooks, tests and `study.prepare` (which names "...draft_verify.search:prepare_smollm2") keep importing
@@ -74,6 +75,7 @@ def _search_from_args(args: argparse.Namespace) -> tuple[Any, SearchResult]:
 
     cfg = SearchConfig(n_trials=args.trials, time_budget_s=args.budget_s, seed=args.seed, skip_ratio=args.ratio)
     model, tok = load_model(args.model, dtype="float32")
+    check_output(args.out if args.out else skip_file(model), kind="file", force=args.force)  # before the search
     return model, search(model, tok, cfg, calibration_prompts(args.n_calib, args.seed), args.max_new_tokens)
 
 
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="default: data/draft_verify/skip.json (course model), "
-                    "build/models/<fingerprint>/draft_verify/skip.json (another model)")
+                    "build/models/<fingerprint>/draft_verify/skip.json (another model); a committed file needs --force")
+    add_force(ap)
     args = ap.parse_args(argv)
     model, res = run_or_usage_error(ap, _search_from_args, args)
     path = save_search(model, res, args.out, provenance=provenance(command_line("draft-verify-search", argv)))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dvi_lite.commands import run_or_usage_error
+from dvi_lite.commands import check_outputs, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
@@ -209,6 +209,7 @@ def paper_ablation(model, tok, train: TeacherData, val: TeacherData, base: DVICo
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"), (args.ckpt_dir, "dir", "--ckpt-dir"))  # before any work
     cmd = " ".join([PROG, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     run_or_usage_error(ap, run, args, cmd)
     return 0

@@ -17,6 +17,7 @@ from dvi_lite.core.checks import new_names
 from dvi_lite.methods.dvi.buffer import rng_state, set_rng_state
 from dvi_lite.methods.dvi.policy import POLICY_FILE, TRAINER_FILE, load_verifier_lora_state, verifier_lora_state
 from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.safety import load_torch
 
 
 def _save(obj: Any, f: Path) -> None:
@@ -114,7 +115,7 @@ class Checkpointing:
         f = None if d is None else d / TRAINER_FILE
         if f is None or not f.is_file():
             raise FileNotFoundError(f"no DVI trainer checkpoint at {f}")
-        self.load_state_dict(torch.load(f, map_location="cpu", weights_only=False))
+        self.load_state_dict(load_torch(f, "DVI trainer checkpoint"))
         self.last_good_checkpoint = d
         if self.log_path is not None and self.log_path.is_file():  # drop steps logged after the checkpoint
             keep = [ln for ln in self.log_path.read_text().splitlines() if _logged_step(ln) <= self.fast_step]

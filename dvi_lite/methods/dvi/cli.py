@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dvi_lite.commands import command_line, require_positive, run_or_usage_error
+from dvi_lite.commands import add_force, command_line, require_positive, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.ablation import paper_ablation
@@ -46,8 +46,8 @@ from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
 from dvi_lite.methods.dvi.policy import TRAINER_FILE
-from dvi_lite.models.artifacts import artifacts_dir
-from dvi_lite.paths import ROOT
+from dvi_lite.models.artifacts import artifacts_dir, ckpt_path
+from dvi_lite.safety import check_output, load_torch
 
 PROG = "python -m dvi_lite dvi"
 
@@ -107,9 +107,10 @@ def parser() -> argparse.ArgumentParser:
                                  "corpus prompts.")
     ap.add_argument("--steps", type=int, default=300, help="fast updates to run (in total, counting a resumed run's)")
     ap.add_argument("--split", type=int, default=None, help="exit layer k (default: the model's default exit layer)")
-    ap.add_argument("--out", default=None, help="policy.pt, card.json, log.jsonl go here (default: data/dvi for the "
-                    "course model, build/models/<fingerprint>/dvi for another)")
-    ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default build/ckpt/dvi_k<split>)")
+    ap.add_argument("--out", default=None, help="policy.pt, card.json, log.jsonl go here (default: the model's "
+                    "pieces folder, artifacts_dir(model)/dvi)")
+    ap.add_argument("--ckpt-dir", default=None, help="resume checkpoint dir (default: under build/ckpt/)")
+    add_force(ap)
     ap.add_argument("--ckpt-every", type=int, default=25, help="fast steps between checkpoints")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
@@ -213,12 +214,17 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
                          max_prompt_tokens=args.max_prompt_tokens, val_max_tokens=args.val_max_tokens,
                          eval_questions=args.eval_prompts, online_lr=args.online_lr,
                          max_minutes=args.max_minutes).check()
-    train_set = load_distill(model, args.data, "train", layers=(split,))
-    val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False)
     from dvi_lite.models.artifacts import fingerprint
     from dvi_lite.paths import BUILD_DIR
+    from dvi_lite.safety import check_output
 
     out = Path(args.out) if args.out else BUILD_DIR / "dvi_paper" / fingerprint(model)
+    force = getattr(args, "force", False)
+    check_output(out, kind="dir", force=force)  # before any work: a bad place, or a committed file without --force
+    check_output(args.json, kind="file", force=force, flag="--json")
+    check_output(args.ckpt_dir, kind="dir", force=force, flag="--ckpt-dir")
+    train_set = load_distill(model, args.data, "train", layers=(split,))
+    val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False)
     if args.ablation:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
         res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)
@@ -228,13 +234,15 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         print(json.dumps({"ranking": res["ranking"], "separated": res["separated"],
                           "summary": {a: s[recipe_metric(res)]["mean"] for a, s in res["summary"].items()}}))
         return res
-    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else out / "ckpt"
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ckpt_path(  # under build/, never beside a committed piece
+        "dvi_paper", model, {"cfg": cfg.to_dict(), "recipe": dataclasses.asdict(recipe), "out": str(out.resolve())},
+        suffix="")
     card = train_paper(model, tok, train_set, val_set, cfg, recipe, out, ckpt, resume=True, command=command,
                        progress=True)
     if args.save_dtype and not card.get("stopped"):  # the committed form: the head's tensors in half precision
         from dvi_lite.methods.dvi.policy import POLICY_FILE
 
-        b = torch.load(out / POLICY_FILE, map_location="cpu", weights_only=False)
+        b = load_torch(out / POLICY_FILE, "DVI policy", keys=("policy",))
         if args.head_rank is not None and "head_weight" in b["policy"]:  # rows -> the target's + a low-rank change
             from dvi_lite.methods.dvi.policy import _read_policy
 
@@ -282,7 +290,7 @@ def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False
 
     argv = ["--data", str(data), "--out", str(Path(out_dir) / "dvi"), "--save-dtype", "bfloat16",
             "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2"), "--online-lr", str(SMOLLM2_ONLINE_LR),
-            "--head-rank", str(SMOLLM2_HEAD_RANK)]
+            "--head-rank", str(SMOLLM2_HEAD_RANK), "--force"]  # prepare decided: it runs only when asked to
     argv += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
     argv += ["--warm-start-tokens", "256", "--sequences", "2", "--max-new-tokens", "8", "--eval-prompts", "0"] \
         if smoke else []
@@ -319,7 +327,9 @@ def train(args: argparse.Namespace, command: str) -> dict:
         prompts = train_prompts(tok, args.prompts, args.prompts_per_domain, cfg.seed, args.max_prompt_tokens)
     vocab = None if args.vocab in (None, "full") else int(args.vocab) if args.vocab.isdigit() else args.vocab
     out = Path(args.out) if args.out else artifacts_dir(model) / "dvi"
-    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ROOT / "build" / "ckpt" / f"dvi_k{cfg.split}"
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else ckpt_path(f"dvi_k{cfg.split}", model, cfg.to_dict(), suffix="")
+    check_output(out, kind="dir", force=args.force)  # before any forward: a committed policy needs --force
+    check_output(ckpt, kind="dir", force=args.force, flag="--ckpt-dir")
     trainer = OnlineTrainer(model, prompts, cfg, slow_updates=args.slow, max_new_tokens=args.max_new_tokens,
                             K=args.K, temperature=args.temperature, total_steps=args.steps,
                             eos_token_id=tok.eos_token_id, log_path=out / "log.jsonl", ckpt_dir=ckpt,

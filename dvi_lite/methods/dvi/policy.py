@@ -68,6 +68,7 @@ from dvi_lite.core.checks import check_int, check_split, default_split
 from dvi_lite.methods.dvi.config import is_finite
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
 from dvi_lite.models.vocab import TrimmedHead, check_ids
+from dvi_lite.safety import load_torch
 
 LORA_S, LORA_D = "lora_S", "lora_D"
 POLICY_FILE, TRAINER_FILE = "policy.pt", "trainer.pt"  # what method="dvi" loads; what a resume loads
@@ -359,7 +360,7 @@ def load_policy(model, state: str | Path | None = None, split: int | None = None
 
 
 def _read_policy(model, f: Path, load_verifier: bool) -> DVIPolicy:
-    b = torch.load(f, map_location="cpu", weights_only=False)
+    b = load_torch(f, "DVI policy", keys=("fingerprint", "split", "lora_rank", "lora_alpha", "policy"))
     if b["fingerprint"] != fingerprint(model):
         raise ValueError(f"DVI policy {f} was trained for another model; train one for this model with "
                          "`python -m dvi_lite dvi --model <path>`")

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import check_outputs, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags, check_int, check_real
 
 BUDGETS = (8, 16, 24, 32)
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     add_renamed_flags(ap, "k")  # --k: an error naming --K
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
 
     def run() -> dict:
         from dvi_lite.measure.cost import verify_cost

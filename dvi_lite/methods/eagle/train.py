@@ -30,14 +30,15 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, run_or_usage_error
+from dvi_lite.commands import add_force, command_line, prog, run_or_usage_error
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.eagle.head import EagleHead, HeadConfig, save_head
 from dvi_lite.methods.eagle.ttt import ttt_loss
-from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.artifacts import ckpt_path, fingerprint
 from dvi_lite.models.teacher import TeacherData, one_pass_steps
 from dvi_lite.models.training import lr_at
+from dvi_lite.safety import check_output, load_torch
 
 
 @dataclass
@@ -145,7 +146,8 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
     if vocab_ids is None:
         vocab_ids = committed_vocab(model, hcfg.vocab)
     out_dir = Path(out_dir)
-    ckpt = Path(ckpt) if ckpt is not None else out_dir / "ckpt.pt"
+    ckpt = Path(ckpt) if ckpt is not None else ckpt_path(  # under build/, keyed by model, recipe and output
+        "eagle", model, {**asdict(cfg), "out": str(out_dir.resolve())})
     for p in model.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
@@ -162,7 +164,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, tokens, elapsed, log, curve, init = 0, 0, 0.0, [], [], None
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "EAGLE training checkpoint", keys=("cfg", "head", "opt", "gen"))
         if _recipe(ck["cfg"]) != _recipe(asdict(cfg)):
             raise ValueError(f"checkpoint {ckpt} was written with another config; delete it or pass resume=False")
         head.load_state_dict(ck["head"])
@@ -245,22 +247,23 @@ def committed_vocab(model, n: int | None, tokenizer=None) -> torch.Tensor | None
 
 
 def train_from_set(model_path, data: str | Path | None, cfg: EagleTrainConfig, out: str | Path | None = None,
-                   resume: bool = True, max_tokens: int | None = None, command: str = "") -> dict:
+                   resume: bool = True, max_tokens: int | None = None, command: str = "", force: bool = True) -> dict:
     """Train the head on the self-distillation set `data` (its states set or its token record; None: the model's
     set under build/): the train split trains, the val split is held out. Returns the card. model_path: a name, a
-    folder, or a models.loading.Loaded handed down (loaded once)."""
+    folder, or a models.loading.Loaded handed down (loaded once). force=False: a committed head is kept."""
     from dvi_lite.models.artifacts import artifacts_dir
     from dvi_lite.models.distill_data import distill_dir
     from dvi_lite.models.distill_reader import load_distill
     from dvi_lite.models.loading import load_once
 
     model, tok = load_once(model_path, dtype="float32")
+    out = Path(out) if out else artifacts_dir(model) / "eagle"
+    check_output(out, kind="dir", force=force)  # before any work: a committed head needs --force
     n = model.config.num_hidden_layers
     layers = tuple(k for k in cfg.head.resolved(n).layers if k < n)  # the last layer's state is `final`
     folder = Path(data) if data else distill_dir(model)
     train = load_distill(model, folder, "train", layers=layers, final=True, max_tokens=max_tokens)
     val = load_distill(model, folder, "val", layers=layers, final=True, missing_ok=True)  # None: rows held out
-    out = Path(out) if out else artifacts_dir(model) / "eagle"
     ids = committed_vocab(model, cfg.head.vocab, tok)
     if cfg.steps == EagleTrainConfig.steps:  # the set recipe: one pass over its rows unless steps were chosen
         cfg = replace(cfg, steps=one_pass_steps(train, cfg.batch_rows))
@@ -293,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (a GPU; on an AVX2-only CPU fp32 is faster)")
     ap.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
-    ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/eagle)")
+    ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/eagle; a committed one "
+                    "needs --force)")
+    add_force(ap)
     args = ap.parse_args(argv)
 
     def run() -> dict:
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                                ttt_steps=args.ttt_steps, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
                                bf16=args.bf16, max_minutes=args.max_minutes, eval_every=args.eval_every)
         return train_from_set(args.model, args.data, cfg, args.out, not args.no_resume, args.max_tokens,
-                              command_line("eagle-train", argv))
+                              command_line("eagle-train", argv), force=args.force)
 
     card = run_or_usage_error(ap, run)
     print(json.dumps({k: card[k] for k in ("init", "final", "wall_time_s", "train_tokens_seen")}))

@@ -35,11 +35,11 @@ from tqdm.auto import tqdm
 from dvi_lite.core.checks import check_int, check_real, check_split
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
-from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.artifacts import ckpt_path, fingerprint
 from dvi_lite.models.teacher import TeacherData, soft_ce
 from dvi_lite.models.training import TrainConfig, lr_at
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import load_torch
 
 MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
 
@@ -234,11 +234,11 @@ def fit_adapter(model, tok, data: TeacherData, cfg: TeacherFitConfig, resume: bo
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
     tcfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    ckpt = ckpt or BUILD_DIR / "ckpt" / f"kangaroo_teacher_k{cfg.split}.pt"
+    ckpt = ckpt or ckpt_path(f"kangaroo_teacher_k{cfg.split}", model, asdict(cfg))  # keyed by model and recipe
     ids = {"train": _data_id(data), "val": _data_id(val)}
     step, log, elapsed, tokens, init, curve = 0, [], 0.0, 0, None, []
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "Kangaroo training checkpoint", keys=("adapter", "opt", "gen"))
         if "cfg" in ck and (_recipe(ck["cfg"]) != _recipe(asdict(cfg)) or ck["data"] != ids):
             raise ValueError(f"checkpoint {ckpt} was made with another recipe or data set ({ck['data']}); "
                              "delete it to start over, or drop resume")

@@ -33,6 +33,7 @@ from dvi_lite.methods.early_exit import EarlyExitDrafter
 from dvi_lite.models.artifacts import artifacts_dir, default_split_for, fingerprint, load_cached
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 from dvi_lite.paths import DATA_DIR
+from dvi_lite.safety import load_torch
 
 ADAPTER_DIR = DATA_DIR / "kangaroo"
 
@@ -107,7 +108,7 @@ def _load_adapter(model, split: int, path: Path) -> KangarooAdapter:
     if not path.is_file():
         raise FileNotFoundError(f"no Kangaroo adapter for exit layer {split} at {path}; train one with "
                                 f"`python -m dvi_lite kangaroo-train --split {split}` (or pass adapter=...)")
-    ck = torch.load(path, map_location="cpu", weights_only=True)
+    ck = load_torch(path, "Kangaroo adapter", keys=("split", "fingerprint", "state"))
     if ck["fingerprint"] != fingerprint(model) or ck["split"] != split:
         raise ValueError(f"Kangaroo adapter {path} was trained for another model or exit layer "
                          f"(split {ck['split']}); train one for this model with `python -m dvi_lite kangaroo-train`")

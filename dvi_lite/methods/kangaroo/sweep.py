@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.commands import run_or_usage_error
+from dvi_lite.commands import check_outputs, run_or_usage_error
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure import cost
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
+from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.vocab import TrimmedHead
 from dvi_lite.paths import BUILD_DIR
 
@@ -161,7 +162,8 @@ def sweep(model, fast_model, tok, data, layers: list[int], steps: int, v: dict, 
     table = []
     for k in layers:
         cfg = TeacherFitConfig(split=k, steps=steps, seed=seed)
-        adapter, card = fit_adapter(model, tok, data, cfg, ckpt=BUILD_DIR / "ckpt" / f"kangaroo_sweep_k{k}.pt")
+        ckpt = BUILD_DIR / "ckpt" / f"kangaroo_sweep_k{k}_{fingerprint(model)}.pt"  # one per model and exit layer
+        adapter, card = fit_adapter(model, tok, data, cfg, ckpt=ckpt)
         fast = bf16_copy(adapter, fast_model)
         c = draft_cost(fast_model, fast, resolve_vocab(fast_model, tok, cfg.vocab))
         c_full = draft_cost(fast_model, fast, None, repeats=9)
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", nargs="+", default=None, help="bench JSON file(s) (ar + kangaroo rows): add their "
                     "eta runs to --json instead of sweeping")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.bench:
         out = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
         runs = [{"bench": f, "settings": (b := json.loads(Path(f).read_text()))["settings"],

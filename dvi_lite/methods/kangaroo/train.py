@@ -24,17 +24,18 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.commands import add_force, check_outputs, command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.checks import check_split, default_split
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter, adapter_path, save_adapter
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint
-from dvi_lite.models.loading import bf16_is_fast, load_model, load_once
+from dvi_lite.models.artifacts import artifacts_dir, ckpt_path, fingerprint
+from dvi_lite.models.loading import Loaded, bf16_is_fast, load_model, load_once
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, one_pass_steps, teacher_for, teacher_path
 from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.safety import load_torch
 
 
 @dataclass
@@ -64,7 +65,7 @@ def distill_loss(adapter: KangarooAdapter, runner: Runner, x: torch.Tensor) -> t
 def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path | None = None,
                   resume: bool = False, command: str = "", ckpt_name: str | None = None) -> dict:
     torch.manual_seed(cfg.seed)
-    model, tok = load_model(model_path, dtype="float32")
+    model, tok = load_once(model_path, dtype="float32")
     for p in model.parameters():
         p.requires_grad_(False)
     runner = Runner(model)
@@ -75,17 +76,18 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
     tcfg = TrainConfig(seq_len=cfg.seq_len, batch_size=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
                        min_lr_frac=cfg.min_lr_frac, warmup=cfg.warmup)
-    data, val = encode_split(tok, "train"), encode_split(tok, "val")
     gen = torch.Generator().manual_seed(cfg.seed)
     out = Path(out) if out is not None else adapter_path(cfg.split, artifacts_dir(model) / "kangaroo")
-    ckpt = BUILD_DIR / "ckpt" / f"{ckpt_name or f'kangaroo_k{cfg.split}'}.pt"
+    ckpt = (BUILD_DIR / "ckpt" / f"{ckpt_name}.pt" if ckpt_name  # else keyed by the model and the recipe
+            else BUILD_DIR / "ckpt" / ckpt_path(f"kangaroo_k{cfg.split}", model, asdict(cfg)).name)
     step, log, elapsed = 0, [], 0.0
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "Kangaroo training checkpoint", keys=("adapter", "opt", "gen"))
         adapter.load_state_dict(ck["adapter"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])
         step, log, elapsed = ck["step"], ck["log"], ck["elapsed"]
+    data, val = encode_split(tok, "train"), encode_split(tok, "val")  # after the checkpoint: a bad one fails fast
     t0, last = time.time() - elapsed, time.time()
     bar = tqdm(range(step, cfg.steps), initial=step, total=cfg.steps, desc=f"adapter k={cfg.split}")
     for step in bar:
@@ -235,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {AdapterConfig.steps}; "
                     "with --data, one pass over the set's train shards)")
     ap.add_argument("--model", default=None, help="local HF checkpoint or 'smollm2' (default: the course model)")
-    ap.add_argument("--out", default=None, help="adapter file (default: data/kangaroo/adapter_k<split>.pt for the "
-                    "course model, build/models/<fingerprint>/kangaroo/ for another)")
+    ap.add_argument("--out", default=None, help="adapter file (default: in the model's pieces folder, "
+                    "artifacts_dir(model)/kangaroo)")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint (always so with --data or "
                     "--max-minutes)")
     ap.add_argument("--teacher", default=None, help="teacher data file (models.teacher): train from it through a "
@@ -247,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                     "after this much training in all")
     ap.add_argument("--vocab", default="8192", help="with --teacher or --data: trimmed head size N or a saved "
                     "map's path")
+    add_force(ap)
     args = ap.parse_args(argv)
     if args.steps is not None:
         require_positive(ap, args, "steps")
@@ -257,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_minutes is not None:
         ap.error("--max-minutes needs --teacher or --data (the corpus recipe has no time budget)")
     cfg = AdapterConfig(split=args.split, steps=AdapterConfig.steps if args.steps is None else args.steps)
-    run_or_usage_error(ap, train_adapter, cfg, args.model, args.out, args.resume,
+    model, tok = run_or_usage_error(ap, load_model, args.model, dtype="float32")
+    split = default_split(model.config.num_hidden_layers) if args.split is None else args.split
+    out = Path(args.out) if args.out else adapter_path(split, artifacts_dir(model) / "kangaroo")
+    check_outputs(ap, (out, "file", "--out"), force=args.force)
+    run_or_usage_error(ap, train_adapter, cfg, Loaded(model, tok, str(args.model)), out, args.resume,
                        command_line("kangaroo-train", argv))
     return 0
 
@@ -271,6 +278,7 @@ def _teacher_main(ap: argparse.ArgumentParser, args: argparse.Namespace, command
         cfg = TeacherFitConfig(split=split, vocab=vocab, max_minutes=args.max_minutes,
                                bf16=bf16_is_fast(next(model.parameters()).device))
         out = Path(args.out) if args.out else adapter_path(split, artifacts_dir(model) / "kangaroo")
+        check_outputs(ap, (out, "file", "--out"), force=args.force)
         if args.data is not None:
             data, val = load_set(model, args.data, split, cfg.val_max_tokens)
             cfg = replace(cfg, steps=args.steps or one_pass_steps(data, cfg.batch_rows))

@@ -31,6 +31,7 @@ from torch import nn
 from dvi_lite.core.checks import check_int
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
 from dvi_lite.paths import DATA_DIR
+from dvi_lite.safety import load_torch
 
 HEADS_DIR = DATA_DIR / "medusa"
 HEADS_PATH = HEADS_DIR / "heads.pt"
@@ -133,7 +134,7 @@ def load_heads(model, path: str | Path | None = None) -> MedusaHeads:
 
 
 def _load_heads(model, path: Path) -> MedusaHeads:
-    ck = torch.load(path, map_location="cpu", weights_only=True)
+    ck = load_torch(path, "Medusa heads file", keys=("num_heads", "norm", "shared_lm_head", "fingerprint", "state"))
     if ck.get("fingerprint") != fingerprint(model):
         raise ValueError(f"Medusa heads {path} were trained for another model; train heads for this one with "
                          f"`{TRAIN_COMMAND} --model <its folder>`")

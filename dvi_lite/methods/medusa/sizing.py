@@ -21,8 +21,10 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dvi_lite.commands import add_force, check_outputs
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
+from dvi_lite.safety import load_torch
 
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 RESULT = "results/27_medusa_sizing.json"  # the committed sizing: its measured v(n) and head costs price a new card
@@ -110,7 +112,7 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
     `medusa.make_drafter` uses when no tree is given. Returns the defaults entry."""
     import torch
 
-    ck = torch.load(heads_file, map_location="cpu", weights_only=True)
+    ck = load_torch(heads_file, "Medusa heads file", keys=("num_heads", "state"))
     h = pick["heads"]
     if h > ck["num_heads"]:
         raise ValueError(f"the pick uses {h} heads; {heads_file} holds {ck['num_heads']}")
@@ -141,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--apply", action="store_true", help="keep the pick: store only its heads and write the tree "
                     "into the model's defaults.json (what medusa drafts with when no tree is given)")
+    add_force(ap)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.apply and not args.json:
         ap.error("--apply needs --json (the result the card and the defaults point to)")
 
@@ -153,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.models.artifacts import artifacts_dir
         from dvi_lite.models.loading import load_model
         from dvi_lite.models.specbench import EVAL_QUESTIONS, SPEC_BENCH_DEV, read_prompts, spread
+        from dvi_lite.safety import check_output
 
         model, tok = load_model(args.model, dtype="bfloat16")
+        if args.apply:  # --apply rewrites the heads file and defaults.json: committed ones need --force
+            check_output(heads_path(model), force=args.force, flag="--apply")
+            check_output(artifacts_dir(model) / "defaults.json", force=args.force, flag="--apply")
         card = json.loads(heads_path(model).with_suffix(".json").read_text())
         acc = card["accuracy"]["rank_accuracy"]
         prompts = spread(read_prompts(SPEC_BENCH_DEV), EVAL_QUESTIONS)[: check_int("questions", args.questions, 1)]

@@ -24,6 +24,7 @@ from dvi_lite.methods.medusa.teacher_train import (
     split_rows,
     teacher_accuracy,
 )
+from dvi_lite.models.artifacts import ckpt_path, fingerprint
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, load_teacher, teacher_outputs, teacher_path
 from dvi_lite.models.vocab import resolve_vocab
 from dvi_lite.paths import BUILD_DIR
@@ -82,7 +83,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
                             eval_positions=64, ckpt_every_s=1e9)
         tpath = "(smoke: built in memory)"
         data = smoke_teacher(model, tok)
-        ckpt = out_dir / "distill_ckpt.pt"
+        ckpt = ckpt_path("medusa_distill_smoke", model, {"cfg": asdict(cfg), "out": str(out_dir.resolve())})
     elif data is not None:
         from dvi_lite.models.distill_reader import load_distill
 
@@ -93,13 +94,13 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         n_pos = int(positions(data.mask, torch.arange(data.tokens.shape[0]))[0].numel())
         cfg = DistillConfig(steps=max(1, math.ceil(n_pos / cfg.batch_size)))  # one pass over the positions
         tag = hashlib.sha1(f"{Path(tpath).resolve()}|{out_dir.resolve()}".encode()).hexdigest()[:8]
-        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_set_{tag}.pt"
+        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_set_{fingerprint(model)}_{tag}.pt"
     else:
         cfg = DistillConfig()
         tpath = teacher_path(model)
         data = load_teacher(tpath)
         tag = hashlib.sha1(str(out_dir.resolve()).encode()).hexdigest()[:8]
-        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_{tag}.pt"
+        ckpt = BUILD_DIR / "ckpt" / f"medusa_distill_{fingerprint(model)}_{tag}.pt"
     cfg = DistillConfig(**{**asdict(cfg), "max_minutes": max_minutes, **({"steps": steps} if steps else {})})
     torch.manual_seed(cfg.seed)
     if val is None:
@@ -157,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    from dvi_lite.paths import DATA_DIR
+    from dvi_lite.commands import add_force, check_outputs
+    from dvi_lite.models.artifacts import artifacts_dir
+    from dvi_lite.models.loading import Loaded, load_model
+    from dvi_lite.safety import smoke_dir
 
     prog = "python -m dvi_lite.methods.medusa.teacher_recipe"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' (default), 'course' or a local HF checkpoint folder")
-    ap.add_argument("--out", default=str(DATA_DIR / "smollm2" / "medusa"), help="folder for heads.pt + heads.json")
+    ap.add_argument("--out", default=None, help="folder for heads.pt + heads.json (default: "
+                    "artifacts_dir(model)/medusa; with --smoke, build/smoke/)")
     ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data): "
                     "train on its train shards, hold its val shards out (default: the small teacher set)")
     ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps (default: {DistillConfig.steps}; "
@@ -170,13 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable: run the same command again) "
                     "after this much training in all")
     ap.add_argument("--smoke", action="store_true", help="a tiny teacher, 2 heads, 3 steps (seconds)")
+    add_force(ap)
     args = ap.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     command = " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
     try:
-        card = prepare_smollm2(args.model, Path(args.out), command, args.smoke, args.data, args.max_minutes,
-                               args.steps)
+        model, tok = load_model(args.model, dtype="float32")
+        out = Path(args.out) if args.out else smoke_dir("medusa-teacher-recipe") if args.smoke else \
+            artifacts_dir(model) / "medusa"
+        check_outputs(ap, (out, "dir", "--out"), force=args.force, smoke=args.smoke)
+        card = prepare_smollm2(Loaded(model, tok, args.model), out, command, args.smoke, args.data,
+                               args.max_minutes, args.steps)
     except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
     keys = ("stopped", "step", "steps", "tokens_seen", "checkpoint") if card.get("stopped") else (

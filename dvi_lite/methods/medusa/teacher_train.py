@@ -42,6 +42,7 @@ from dvi_lite.methods.medusa.train import head_weights, load_checkpoint
 from dvi_lite.models.teacher import TeacherData, soft_ce
 from dvi_lite.models.training import TrainConfig, lr_at
 from dvi_lite.models.vocab import TrimmedHead
+from dvi_lite.safety import load_torch
 
 PAPER_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)  # Medusa-1 (Cai et al. 2024, Vicuna-7B): heads' top-1 accuracy
 MILESTONES = (100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000)
@@ -207,7 +208,7 @@ def distill_with_curve(heads: MedusaHeads, data: TeacherData, trimmed: TrimmedHe
     step, log, elapsed = load_checkpoint(ckpt, heads, opt, gen, cfg, _SHAPE_KEYS) if resume else (0, [], 0.0)
     seen, curve = 0, []
     if step:
-        ck = torch.load(ckpt, weights_only=False, map_location="cpu")
+        ck = load_torch(ckpt, "Medusa training checkpoint")
         seen, curve = ck.get("seen", step * cfg.batch_size), ck.get("curve", [])
 
     def measure(tokens: int, at: int) -> dict:

@@ -32,13 +32,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import command_line, prog, require_positive, run_or_usage_error
+from dvi_lite.commands import add_force, command_line, prog, require_positive, run_or_usage_error
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.medusa.heads import HEADS_DIR, HEADS_PATH, MedusaHeads, heads_path, save_heads
+from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.loading import load_model
 from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
 from dvi_lite.paths import ROOT
+from dvi_lite.safety import check_output, load_torch
 
 LOSSES = ("kl", "ce")
 COMMAND = "medusa-train"  # python -m dvi_lite <COMMAND>
@@ -187,7 +189,7 @@ def load_checkpoint(ckpt: str | Path | None, heads: MedusaHeads, opt: torch.opti
     Refuses a checkpoint made with another recipe (the config's `keys` differ)."""
     if ckpt is None or not Path(ckpt).is_file():
         return 0, [], 0.0
-    ck = torch.load(ckpt, weights_only=False, map_location="cpu")  # the generator state must stay on the CPU
+    ck = load_torch(ckpt, "Medusa training checkpoint", keys=("config", "heads", "opt", "gen"))  # on the CPU
     made, want = {k: ck["config"].get(k) for k in keys}, {k: asdict(cfg)[k] for k in keys}
     if made != want:
         raise ValueError(f"checkpoint {ckpt} was made with {made}, not {want}; delete it or drop --resume")
@@ -330,8 +332,9 @@ def val_losses(heads: MedusaHeads, runner: Runner, val: np.ndarray, cfg: MedusaT
 
 
 def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str | Path | None = None,
-                resume: bool = False, command: str = "") -> dict:
-    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card."""
+                resume: bool = False, command: str = "", force: bool = True) -> dict:
+    """The CLI's job: load the model, train, evaluate, save heads + card. Returns the card. force=False: a committed
+    heads file is kept (refused before training)."""
     check_config(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(model_path, dtype="float32")
@@ -341,8 +344,9 @@ def train_heads(cfg: MedusaTrainConfig, model_path: str | None = None, out: str 
     heads = MedusaHeads(model, cfg.heads, norm=cfg.norm, shared_lm_head=cfg.shared_lm_head)
     data, val = encode_split(tok, "train"), encode_split(tok, "val")
     out = Path(out) if out is not None else default_out(cfg, model)
-    tag = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]  # one checkpoint per output file
-    ckpt = ROOT / "build" / "ckpt" / f"medusa_{out.stem}_{tag}.pt"
+    check_output(out, kind="file", force=force)
+    tag = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:8]  # one checkpoint per model and output file
+    ckpt = ROOT / "build" / "ckpt" / f"medusa_{out.stem}_{fingerprint(model)}_{tag}.pt"
     log = train_loop(heads, runner, data, cfg, ckpt, resume)
     acc = head_accuracy(model, tok, heads, cfg.eval_prefixes, cfg.eval_ctx)
     heads.accuracies = acc["rank_accuracy"]
@@ -370,14 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-norm", action="store_true", help="no frozen RMSNorm before the heads (the Gorgon bug)")
     ap.add_argument("--shared-lm-head", action="store_true", help="reuse the model's frozen LM head")
     ap.add_argument("--model", default=None, help="local HF checkpoint (default: the course model)")
-    ap.add_argument("--out", default=None, help="heads file (default data/medusa/heads.pt, variants beside it)")
+    ap.add_argument("--out", default=None, help="heads file (default: artifacts_dir(model)/medusa/heads.pt, "
+                    "variants beside it)")
     ap.add_argument("--resume", action="store_true")
+    add_force(ap)
     args = ap.parse_args(argv)
     require_positive(ap, args, "steps", "heads")
     cfg = MedusaTrainConfig(heads=args.heads, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                             lr=args.lr, loss=args.loss, norm=not args.no_norm, shared_lm_head=args.shared_lm_head)
     run_or_usage_error(ap, train_heads, cfg, args.model, args.out, args.resume,
-                       command_line(COMMAND, argv))
+                       command_line(COMMAND, argv), args.force)
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from dvi_lite.commands import prog
+from dvi_lite.commands import check_outputs, prog
 from dvi_lite.core.runner import tree_mask
 from dvi_lite.methods.medusa.tree_attention import kernel_defined, tree_attention_reference, tree_attention_triton
 
@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu (needs TRITON_INTERPRET=1)")
     ap.add_argument("--out", default=None, help="write the JSON summary here")
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.out, "file", "--out"))  # before any work
     if not args.check:
         ap.print_help()
         return 2

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dvi_lite.commands import check_outputs
 from dvi_lite.core.checks import check_int
 
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"))  # before any work
 
     def run() -> dict:
         from dvi_lite.measure.cost import verify_cost

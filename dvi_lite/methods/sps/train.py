@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dvi_lite.commands import prog
+from dvi_lite.commands import add_force, prog
 from dvi_lite.core.checks import check_int
 from dvi_lite.methods.sps.draft import TrimmedLMHead, build_draft, save_draft
-from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.artifacts import ckpt_path, fingerprint
 from dvi_lite.models.teacher import TeacherConfig, TeacherData, soft_ce, teacher_for, teacher_outputs
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.safety import check_output, load_torch, smoke_dir
 
 
 @dataclass
@@ -157,10 +157,10 @@ def distil(target, teacher: TeacherData, cfg: TrainConfig, out_dir: str | Path, 
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.cat([train_rows[torch.randperm(len(train_rows), generator=gen)]
                        for _ in range(cfg.steps * cfg.batch_rows // len(train_rows) + 1)])
-    ckpt = Path(ckpt) if ckpt is not None else BUILD_DIR / "ckpt" / f"sps_{fingerprint(target)}.pt"
+    ckpt = Path(ckpt) if ckpt is not None else ckpt_path("sps", target, asdict(cfg))  # keyed by model and recipe
     step, log, elapsed, init, seen, curve = 0, [], 0.0, None, 0, []
     if resume and ckpt.is_file():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = load_torch(ckpt, "SpS training checkpoint", keys=("cfg",))
         if _recipe(ck["cfg"]) == _recipe(asdict(cfg)):
             draft.model.load_state_dict(ck["own"], strict=False)
             opt.load_state_dict(ck["opt"])
@@ -299,8 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="a self-distillation set folder (python -m dvi_lite distill-data), "
                     "or its token record (data/smollm2/distill: hard labels); default: the small teacher set")
     ap.add_argument("--max-minutes", type=float, default=None, help="stop (resumable) after this much training")
-    ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/sps)")
+    ap.add_argument("--out", default=None, help="folder (default: artifacts_dir(model)/sps, a committed one needs "
+                    "--force; with --smoke, build/smoke/sps-train)")
     ap.add_argument("--smoke", action="store_true", help="a tiny teacher and 3 steps (CI)")
+    add_force(ap)
     args = ap.parse_args(argv)
     command = " ".join(["python -m dvi_lite.methods.sps.train", *(sys.argv[1:] if argv is None else argv)])
     from dvi_lite.models.loading import bf16_is_fast
@@ -312,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> dict:
         out = args.out
         if out is None:
-            out = artifacts_dir(load_model(args.model)[0]) / "sps"
+            out = smoke_dir("sps-train") if args.smoke else artifacts_dir(load_model(args.model)[0]) / "sps"
+        check_output(out, kind="dir", force=args.force, smoke=args.smoke)  # before any work
         return prepare_smollm2(str(resolve_model(args.model)), Path(out), command, args.smoke, cfg, args.data)
 
     card = run_or_usage_error(ap, run)
