@@ -40,6 +40,24 @@ def test_chi_square_catches_the_draft_law():
     assert sl.chi_square(biased, p)["pvalue"] < 1e-6
 
 
+def test_chi_square_with_nothing_testable_fails_instead_of_passing():
+    """One bin left after pooling (a point-mass law, or too few draws): the result says nothing was testable and
+    its NaN p-value fails both readings ("consistent with p" and "rejected"); it used to be p = 1, a pass.
+    Notebook 01's check_invariants stops on it."""
+    import math
+
+    for counts, probs in ((torch.tensor([0, 40, 0, 0]), torch.tensor([0.0, 1.0, 0.0, 0.0])),
+                          (torch.tensor([2, 1, 0, 1]), torch.full((4,), 0.25))):
+        res = sl.chi_square(counts, probs)
+        assert res["testable"] is False and "nothing testable" in res["note"] and math.isnan(res["pvalue"]), res
+        assert not res["pvalue"] > sl.P_MIN and not res["pvalue"] < sl.P_MIN
+    ok = sl.chi_square(torch.tensor([500, 500, 0, 0]), torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert ok["testable"] is True
+    hists = {"T=1": {"spec_vs_p": res, "target_vs_p": ok, "alpha": 0.5}}
+    with pytest.raises(AssertionError, match="nothing to test"):
+        sl.check_invariants(0.0, ok, {**ok, "pvalue": 0.0}, hists, [], [], [], {}, {"rows": []})
+
+
 def test_chi_square_pools_rare_bins_and_flags_impossible_tokens():
     probs = torch.tensor([0.5, 0.4999, 0.0001, 0.0])
     ok = sl.chi_square(torch.tensor([500, 500, 0, 0]), probs)
