@@ -24,10 +24,12 @@ from __future__ import annotations
 import pytest
 from helpers import (
     ALPHA,
+    DEPTH_TESTS,
     POWER,
     PROMPT8,
     W_DESIGN,
     assert_lossless_sampling,
+    depth_design,
     dvi_on_target8,
     exact_joint,
     law_test,
@@ -35,6 +37,7 @@ from helpers import (
     lossless_draws,
     pair_laws,
     perturbed_heads,
+    planned_depth_draws,
     planned_draws,
 )
 
@@ -75,6 +78,51 @@ CASES = {
 }
 
 
+# Step 1's reach: the share of draws in which step 1's verifier decided at depth 1, 2, 3 and drew the bonus
+# token (depth j decides t_{j+1}; the bonus follows a fully accepted branch), measured on 300 draws (seeds
+# 0..299) and rounded down; each run prints the reach it measured. A mistake confined to one depth moves its
+# output position's law in only that share of the draws (an effect of about reach * w there), so the position
+# tests alone would need 1 / reach^2 times the draws; the depth tests test the draws that reached each depth
+# instead, and the draw count is chosen so that each has 99 % power at w = W_DESIGN (planned_depth_draws).
+# ar never drafts and pld's copies start in only ~1 % of the draws (its prompt offers few matches): their
+# depths are not tested here (pld's verifier is the chain verifier every chain case tests at each depth).
+REACH = {
+    "sps": (1.0, 0.64, 0.22, 0.14),
+    "early_exit": (1.0, 0.80, 0.43, 0.24),
+    "kangaroo_chain": (1.0, 0.84, 0.61, 0.50),
+    "kangaroo_tree": (1.0, 0.78, 0.73, 0.66),
+    "draft_verify": (1.0, 0.86, 0.65, 0.54),
+    "medusa_cartesian": (1.0, 0.19, 0.16, 0.13),
+    "medusa_pruned": (1.0, 0.34, 0.23, 0.16),
+    "medusa_sparse": (1.0, 0.46, 0.24, 0.17),
+    "dvi": (1.0, 0.81, 0.48, 0.33),
+}
+
+
+def case_design(case, target8) -> tuple[int, dict[str, tuple[int, float, float]] | None]:
+    """(draws, {depth test: (df, expected draws reaching it, design power)}) of a case: planned_depth_draws from
+    its stated REACH when its depths are tested, else planned_draws (the position tests alone)."""
+    method, sampler, _, _ = CASES[case]
+    laws = pair_laws(exact_joint(target8, Sampler(**SAMPLERS[sampler]), PLD_PROMPT if method == "pld" else PROMPT8,
+                                 NEW))
+    if case not in REACH:
+        return planned_draws(laws), None
+    reach = dict(zip(DEPTH_TESTS, REACH[case], strict=True))
+    n = planned_depth_draws(laws, reach)
+    return n, depth_design(laws, reach, n)
+
+
+@pytest.mark.parametrize("case", list(REACH))
+def test_every_verifier_depth_is_powered(case, target8):
+    """The draws of each case give every depth test (depth 1, 2, 3 and the bonus) design power >= POWER at
+    w = W_DESIGN and level ALPHA, from the case's stated reach: e.g. sps (reach 0.14 for the bonus) needs
+    about 5,450 draws, where its position tests alone needed 950."""
+    n, design = case_design(case, target8)
+    stated = ", ".join(f"{k}: df {df}, {m:.0f} draws, power {pw:.4f}" for k, (df, m, pw) in design.items())
+    assert all(pw >= POWER for _, _, pw in design.values()), f"{case}: {n} draws: {stated}"
+    print(f"{case}: {n} draws, alpha {ALPHA:g}, w {W_DESIGN}: {stated}")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, request):
     method, sampler, opts, chain = CASES[case]
@@ -88,8 +136,10 @@ def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, re
         model, pieces["policy"] = request.getfixturevalue("dvi_model")
     kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
     need = {} if chain is None else {"min_run" if chain[0] == "run" else "min_depth": chain[1]}
-    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, drafts=chain is not None,
-                                   prompt=PLD_PROMPT if method == "pld" else PROMPT8, **SAMPLERS[sampler], **need, **kw)
+    n, _ = case_design(case, target8)
+    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, drafts=chain is not None, n=n,
+                                   depths=case in REACH, prompt=PLD_PROMPT if method == "pld" else PROMPT8,
+                                   **SAMPLERS[sampler], **need, **kw)
     print(rep)
 
 
