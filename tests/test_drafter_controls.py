@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers import (
     ALPHA,
+    DEPTH_TESTS,
     PROMPT8,
     W_DESIGN,
     exact_conditionals,
@@ -27,6 +28,7 @@ from helpers import (
     lossless_report,
     make_target,
     pair_laws,
+    planned_depth_draws,
     planned_draws,
 )
 
@@ -37,6 +39,9 @@ from dvi_lite.methods.sps.drafter import DraftModelDrafter
 
 # bug -> (the draft, the sampler): settings where the mistake is large (its exact w is printed and used)
 BUGS = {"q_at_2T": ("draft8", dict(temperature=1.5)), "topk_unnormalised": ("indep8", dict(temperature=1.5, top_k=2))}
+
+
+DEEP_REACH = (1.0, 0.55, 0.26, 0.14)  # step 1's reach of depth 1, 2, 3 and the bonus (see the last test)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +116,21 @@ def test_a_drafter_reporting_another_q_fails_the_check(monkeypatch, target8, dra
         assert rep.pvalues["t2|t1"] <= ALPHA or rep.impossible["t2|t1"], str(rep)
         assert rep.pvalues["t1"] > ALPHA, str(rep)  # t1 comes from the prefill: no drafter touches it
     print(f"{bug}: exact w {w:.3f}: {rep}")
+
+
+def test_a_drafter_wrong_only_past_depth_one_is_caught_at_its_depth(monkeypatch, target8, draft8, tok8):
+    """The depth tests have power of their own on the drafter side: q at 2T reported from depth 2 on (K = 3,
+    5 new tokens, draft8 at T = 1.5) leaves t1 and depth 1 right and must fail the depth-2 test. The draws are
+    planned from this setting's reach of depth 2 (measured with the honest drafter, 300 draws: depth 2 0.55,
+    depth 3 0.26, bonus 0.14) for 99 % power at W_DESIGN at depths 1 and 2 (helpers.planned_depth_draws; all
+    four depths would take 7,550 draws, and the mistake is caught at depth 2 with p ~ 1e-17 there)."""
+    monkeypatch.setattr(DraftModelDrafter, "propose", lying_propose("q_at_2T", from_depth=2))
+    sampling = BUGS["q_at_2T"][1]
+    laws = pair_laws(exact_joint(target8, Sampler(**sampling), PROMPT8, 5))
+    n = planned_depth_draws(laws, dict(zip(DEPTH_TESTS[:2], DEEP_REACH[:2], strict=True)))
+    rep = lossless_report(target8, tok8, "sps", max_new_tokens=5, draft_model=draft8, K=3, n=n, depths=True,
+                          min_power=0.0, **sampling)
+    assert rep.law_failed and not rep.ok, f"a drafter reporting q at 2T past depth 1 passed the check: {rep}"
+    assert rep.pvalues["depth2"] <= ALPHA or rep.impossible["depth2"], str(rep)
+    assert all(rep.pvalues[t] > ALPHA for t in ("t1", "depth1")), str(rep)  # the mistake cannot reach these
+    print(f"q_at_2T from depth 2: {rep}")
