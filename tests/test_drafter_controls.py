@@ -122,12 +122,13 @@ def test_a_drafter_wrong_only_past_depth_one_is_caught_at_its_depth(monkeypatch,
     """The depth tests have power of their own on the drafter side: q at 2T reported from depth 2 on (K = 3,
     5 new tokens, draft8 at T = 1.5) leaves t1 and depth 1 right and must fail the depth-2 test. The draws are
     planned from this setting's reach of depth 2 (measured with the honest drafter, 300 draws: depth 2 0.55,
-    depth 3 0.26, bonus 0.14) for 99 % power at W_DESIGN at depths 1 and 2 (helpers.planned_depth_draws; all
-    four depths would take 7,550 draws, and the mistake is caught at depth 2 with p ~ 1e-17 there)."""
+    depth 3 0.26, bonus 0.14) for 99 % power at W_DESIGN at depths 1 and 2 (helpers.planned_depth_draws, 2,150
+    draws), then doubled: this mistake is smaller than W_DESIGN at depth 2 (its p-value there was 2.7e-5 at
+    2,150 draws, just above ALPHA, and 1.9e-17 at 7,550, the draws all four depths would take)."""
     monkeypatch.setattr(DraftModelDrafter, "propose", lying_propose("q_at_2T", from_depth=2))
     sampling = BUGS["q_at_2T"][1]
     laws = pair_laws(exact_joint(target8, Sampler(**sampling), PROMPT8, 5))
-    n = planned_depth_draws(laws, dict(zip(DEPTH_TESTS[:2], DEEP_REACH[:2], strict=True)))
+    n = 2 * planned_depth_draws(laws, dict(zip(DEPTH_TESTS[:2], DEEP_REACH[:2], strict=True)))
     rep = lossless_report(target8, tok8, "sps", max_new_tokens=5, draft_model=draft8, K=3, n=n, depths=True,
                           min_power=0.0, **sampling)
     assert rep.law_failed and not rep.ok, f"a drafter reporting q at 2T past depth 1 passed the check: {rep}"
