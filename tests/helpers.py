@@ -269,11 +269,15 @@ def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
 # Level. Every law test of the suite is a fixed-seed chi-square test that must pass on a correct method.
 # Over a full run the chance that some correct method fails one (a false alarm) is at most the number of
 # such tests times the per-test level (Bonferroni). LAW_TEST_BUDGET bounds that number, and the run counts it
-# itself (below): 197 law tests in a full run when this was written (lossless_report makes up to
-# TESTED_TOKENS = 5 per call; test_verify.py's chi-square and binomial tests, the SmolLM2 t2 test and the
-# negative controls' tests count too). A change that passes the budget fails the run: raise LAW_TEST_BUDGET
-# then (ALPHA shrinks and planned_draws grows with log(1/ALPHA)).
-# So ALPHA = 1 % / 200 = 5e-5 keeps the suite-wide false-alarm rate <= SUITE_FALSE_ALARM = 1 % per full run.
+# itself (below): about 300 law tests in a full run when this was written: 197 before the depth tests
+# (lossless_report makes up to TESTED_TOKENS = 5 per call; test_verify.py's chi-square and binomial tests, the
+# SmolLM2 t2 test and the negative controls' tests count too), 36 depth tests (lossless_report(depths=True),
+# 4 per case of tests/test_lossless.py), 15 of the drafter controls (tests/test_drafter_controls.py) and 54
+# chi-square tests of the course and the exercise checks (the course's chi_square, counted per call by
+# conftest.py, which also makes ALPHA the level the exercise checks' correct samplers must beat). A change that
+# passes the budget fails the run: raise LAW_TEST_BUDGET then (ALPHA shrinks and planned_draws grows with
+# log(1/ALPHA)).
+# So ALPHA = 1 % / 400 = 2.5e-5 keeps the suite-wide false-alarm rate <= SUITE_FALSE_ALARM = 1 % per full run.
 #
 # Cells. Verification touches t2 (depth 1), t3 (depth 2), t4 (depth 3) and the bonus token after an
 # all-accepted chain (t5 in tests/test_lossless.py). Conditioning t_j on the whole prefix t1..t_{j-1}
@@ -292,8 +296,9 @@ def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
 # left with one cell (which lowers it), so the power must be computed on the cells actually tested.
 # law_test fixes its cells from the exact law and the planned N before any draw (rows left with one cell
 # are merged into one group rather than dropped), and planned_draws picks the fewest N (a multiple of 25)
-# at which every test of the case has design power >= POWER at W_DESIGN: 825-1,150 draws for the cases of
-# tests/test_lossless.py, where the worst case (all 56 degrees of freedom, lossless_draws()) needs 1,587.
+# at which every test of the case has design power >= POWER at W_DESIGN: 850-1,225 draws for the cases of
+# tests/test_lossless.py, where the worst case (all 56 degrees of freedom, lossless_draws()) needs 1,641;
+# planned_depth_draws adds the depth tests, given the share of draws reaching each depth (1,250-6,175 draws).
 # Each test also reports its achieved power, chi2_power(df after pooling, draws in tested groups), and
 # lossless_report fails a test whose achieved power is below POWER_MIN or that has no testable cell.
 # W_DESIGN is below the smallest exact w of the negative controls (tests/test_negative_controls.py computes
@@ -303,8 +308,8 @@ def noncentrality_for_power(df: int, alpha: float, power: float) -> float:
 # conftest.py fails the run when the count over all xdist workers passes LAW_TEST_BUDGET.
 LAW_TESTS_RUN = [0]  # fixed-seed law tests made in this process so far
 SUITE_FALSE_ALARM = 0.01  # the most a full run may fail a correct method by chance
-LAW_TEST_BUDGET = 200  # an upper bound on the fixed-seed law tests one full run makes (counted above)
-ALPHA = SUITE_FALSE_ALARM / LAW_TEST_BUDGET  # 5e-5 per test (Bonferroni): a p-value must exceed it
+LAW_TEST_BUDGET = 400  # an upper bound on the fixed-seed law tests one full run makes (counted above)
+ALPHA = SUITE_FALSE_ALARM / LAW_TEST_BUDGET  # 2.5e-5 per test (Bonferroni): a p-value must exceed it
 W_DESIGN = 0.25  # the effect size (Cohen's w) every tested depth must detect
 POWER = 0.99  # the design power of every test at W_DESIGN (planned_draws)
 POWER_MIN = 0.95  # the achieved power every test of lossless_report must reach (else the report fails)
@@ -316,7 +321,7 @@ DRAW_STEP = 25  # planned_draws' granularity
 @functools.cache
 def lossless_draws(w: float = W_DESIGN, df: int = DF_DESIGN, alpha: float = ALPHA, power: float = POWER) -> int:
     """Draws N for which a t_j | t_{j-1} test with all DF_DESIGN degrees of freedom and no draw lost detects
-    an effect of size w with the given power: the worst case, and planned_draws' cap (1,587 draws)."""
+    an effect of size w with the given power: the worst case, and planned_draws' cap (1,641 draws)."""
     return math.ceil(noncentrality_for_power(df, alpha, power) / w ** 2)
 
 
@@ -335,6 +340,32 @@ def planned_draws(laws: list[torch.Tensor], w: float = W_DESIGN, alpha: float = 
         if all(chi2_power(t.df, t.n, w, alpha) >= power for t in tests):
             return n
     return cap
+
+
+def depth_design(laws: list[torch.Tensor], reach: dict[str, float], n: int, w: float = W_DESIGN,
+                 alpha: float = ALPHA) -> dict[str, tuple[int, float, float]]:
+    """Design of the depth tests (lossless_report(depths=True)) at n draws: name -> (df, expected draws that
+    reach it, power at w and alpha). Depth j decides t_{j+1}, so its test is given the cells law_test fixes for
+    n * reach[name] draws of laws[j] (pair_laws: t_{j+1} given t_j), the bonus after a full 3-chain those of
+    t5 | t4 (laws[4]). The draws that reach a depth are what powers its test: a mistake confined to one depth
+    shows in its output position's test only in the share `reach` of the draws, as an effect about reach * w."""
+    out = {}
+    for name, r in reach.items():
+        law = laws[4 if name == "bonus" else int(name.removeprefix("depth"))]
+        m = n * r
+        t = law_test(m * law, law, m)
+        out[name] = (t.df, m, chi2_power(t.df, t.n, w, alpha))
+    return out
+
+
+def planned_depth_draws(laws: list[torch.Tensor], reach: dict[str, float], w: float = W_DESIGN,
+                        alpha: float = ALPHA, power: float = POWER) -> int:
+    """The fewest draws (a multiple of DRAW_STEP, at least planned_draws(laws)) at which every depth test has
+    design power >= `power` at w, given the share of draws `reach` that reaches each depth (depth_design)."""
+    n = planned_draws(laws, w, alpha, power)
+    while min(p for _, _, p in depth_design(laws, reach, n, w, alpha).values()) < power:
+        n += DRAW_STEP
+    return n
 
 
 # ---------------------------------------------------------------- exact laws and the losslessness check
@@ -393,6 +424,7 @@ class LosslessReport:
     rejecting_steps: int = 0  # steps that drafted and accepted nothing: a tested draft was rejected
     max_accepted: int = 0  # the longest accepted run in one step
     max_depth: int = 0  # the deepest proposal verified
+    reach: dict[str, float] = field(default_factory=dict)  # depth tests: the share of draws reaching each depth
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -406,6 +438,8 @@ class LosslessReport:
     def __str__(self) -> str:
         ps = ", ".join(f"p({k})={v:.3g} (power {self.power.get(k, 0):.3f})" for k, v in self.pvalues.items())
         fails = "".join(f"\n  FAIL: {p}" for p in self.problems)
+        if self.reach:
+            ps += "; reach of step 1 " + ", ".join(f"{k} {v:.3f}" for k, v in self.reach.items())
         return (f"{self.what}, {self.n} draws (seeds 0..{self.n - 1}), alpha {ALPHA:g}, power at w={W_DESIGN}: "
                 f"{ps}; probability-0 tokens {self.impossible}; steps accepting {self.accepting_steps}, "
                 f"rejecting {self.rejecting_steps}, longest accepted run {self.max_accepted}, deepest proposal "
@@ -415,7 +449,7 @@ class LosslessReport:
 def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                     max_new_tokens: int = 4, n: int | None = None, min_run: int = 0, min_depth: int = 0,
                     drafts: bool = True, prompt: list[int] = PROMPT8, min_power: float = POWER_MIN,
-                    **method_kwargs) -> LosslessReport:
+                    depths: bool = False, **method_kwargs) -> LosslessReport:
     """n seeded generate() calls of `method` from `prompt` (seed = draw index), tested against the target's law.
 
     The first token comes from the prefill, which no verifier touches; the first *verified* token is the
@@ -425,6 +459,10 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
     report when its p-value is <= ALPHA, when it has no testable cell, or when its achieved power at W_DESIGN
     is below min_power. drafts: require steps that accepted and steps that rejected; min_run: a step accepted
     >= min_run drafts; min_depth: a proposal min_depth deep was verified.
+
+    depths: also test each verifier depth on its own (depth_tests: DEPTH_TESTS, from step 1's decisions), each
+    with the same level and power requirement: a mistake confined to one depth is then tested on the draws
+    that reach it, not diluted among the draws of its output position that other depths decided.
     """
     from dvi_lite import generate
     from dvi_lite.core.sampling import Sampler
@@ -435,6 +473,7 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
     n = planned_draws(laws) if n is None else n
     v = model.config.vocab_size
     counts = [torch.zeros(law.shape, dtype=torch.float64) for law in laws]
+    decided: dict[str, dict[tuple[int, ...], torch.Tensor]] = {name: {} for name in DEPTH_TESTS}
     opts = ", ".join(f"{k}={x if isinstance(x, (int, float, str, list, type(None))) else type(x).__name__}"
                      for k, x in method_kwargs.items())
     rep = LosslessReport(f"{method}({opts}) T={temperature} top_k={top_k} top_p={top_p} new={max_new_tokens}", n)
@@ -449,6 +488,8 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
         counts[0][0, t[0]] += 1
         for j in range(1, depth):
             counts[j][t[j - 1], t[j]] += 1
+        if depths:
+            step_one_decisions(out.stats.steps, t, decided, v)
         for s in out.stats.steps:
             rep.accepting_steps += s.accepted > 0
             rep.rejecting_steps += s.drafted > 0 and s.accepted == 0
@@ -466,6 +507,21 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
         if test.power < min_power:
             rep.problems.append(f"{name}: achieved power {test.power:.3f} < {min_power} at w={W_DESIGN}, "
                                 f"alpha={ALPHA:g} (df {test.df}, {test.n} draws in tested rows)")
+    if depths:
+        conds = exact_conditionals(model, sampler, prompt, depth)
+        for name, by_prefix in decided.items():
+            reached = sum(float(c.sum()) for c in by_prefix.values())
+            rep.reach[name] = reached / n
+            test = depth_test(name, by_prefix, conds)
+            rep.impossible[name] = test.impossible
+            rep.power[name] = test.power
+            if not test.testable and not test.impossible:
+                rep.problems.append(f"{name}: no testable cell in the {reached:.0f} draws that reached it")
+                continue
+            rep.pvalues[name] = test.pvalue
+            if test.power < min_power:
+                rep.problems.append(f"{name}: achieved power {test.power:.3f} < {min_power} at w={W_DESIGN}, "
+                                    f"alpha={ALPHA:g} ({test.n} of {n} draws reached it, df {test.df})")
     if rep.law_failed:
         rep.problems.append(f"the output law differs from the target's (a p-value <= {ALPHA:g})")
     if drafts and not (rep.accepting_steps and rep.rejecting_steps):
@@ -475,6 +531,43 @@ def lossless_report(model, tok, method: str, temperature: float = 1.0, top_k: in
     if rep.max_depth < min_depth:
         rep.problems.append(f"no proposal {min_depth} deep was verified (deepest {rep.max_depth})")
     return rep
+
+
+DEPTH_TESTS = ("depth1", "depth2", "depth3", "bonus")  # step 1's decisions, K = 3: depth j decides t_{j+1}
+
+
+def step_one_decisions(steps, t: list[int], decided: dict, v: int) -> None:
+    """Add one draw's step-1 decisions to `decided` (test name -> {prefix: (V,) counts}): with a accepted drafts,
+    depth j = 1..a decided t_{j+1} (an accepted draft) after the prefix t_1..t_j, then depth a + 1 decided
+    t_{a+2} (a correction), or, when the whole branch was accepted, the bonus token did. Given its prefix and that
+    it was reached, each decision of a lossless verifier follows the target's p(. | prefix) (whatever the drafter
+    proposed), so every depth is tested on the draws that reached it."""
+    if not steps or steps[0].drafted == 0:
+        return
+    s = steps[0]
+    names = [f"depth{j}" for j in range(1, s.accepted + 1)] + ["bonus" if s.bonus else f"depth{s.accepted + 1}"]
+    for j, name in enumerate(names, start=1):
+        if name in decided and j < len(t):
+            row = decided[name].setdefault(tuple(t[:j]), torch.zeros(v, dtype=torch.float64))
+            row[t[j]] += 1
+
+
+def depth_test(name: str, by_prefix: dict[tuple[int, ...], torch.Tensor], conds: list[torch.Tensor]) -> LawTest:
+    """law_test of the tokens one depth decided, given the token before each (V rows), against the target's law
+    given the whole prefix: row a's expected counts are sum over the prefixes ending in a of n_prefix p(. | prefix)
+    (conds = exact_conditionals). Given the prefixes' counts, the tokens are independent draws of those laws,
+    so a row of one prefix is an exact multinomial test and a row mixing prefixes (or law_test's group of rows)
+    is conservative: the sum of multinomials of different laws varies less than one of their mixture."""
+    v = conds[0].shape[-1]
+    obs = torch.zeros(v, v, dtype=torch.float64)
+    exp = torch.zeros(v, v, dtype=torch.float64)
+    for prefix, c in by_prefix.items():
+        idx = sum(x * v ** (len(prefix) - 1 - i) for i, x in enumerate(prefix))
+        obs[prefix[-1]] += c
+        exp[prefix[-1]] += c.sum() * conds[len(prefix)][idx].double()
+    if not by_prefix:
+        return LawTest(name, 0.0, 0, 0, 0)
+    return law_test(obs, exp, None, name)
 
 
 def assert_lossless_sampling(model, tok, method: str, **kw) -> LosslessReport:

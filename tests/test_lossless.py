@@ -4,16 +4,25 @@ One case per method and drafter shape (chains, and the trees of kangaroo and of 
 on the vocabulary-8 target whose law is enumerated exactly (helpers.exact_joint). The samplers rotate so
 that T = 0.7 and T = 1.0, top-k and top-p are each tested on a chain and on a tree. Drafts are K = 3 deep
 and max_new_tokens = 5, so the first step verifies a 3-token chain (or a 3-deep tree) and, when it accepts
-all three, draws the bonus token t5: the check tests t1 and each of t2|t1, t3|t2, t4|t3 and t5|t4, every
-position a verifier decides at depth 1, 2 and 3 and the bonus token. Each case asserts that a step
-accepted 3 drafts in a row (pld: that 3-token drafts were verified; its copies are accepted too rarely on
-a random model for a run of 3).
+all three, draws the bonus token t5: the check tests t1 and each of t2|t1, t3|t2, t4|t3 and t5|t4 (output
+positions), and, besides, each verifier depth on its own: step 1's decisions at depth 1, 2 and 3 and its bonus
+token, each tested on the draws that reached it against the target's law given the whole prefix
+(helpers.depth_test). Each case asserts that a step accepted 3 drafts in a row (pld: that 3-token drafts were
+verified; its copies are accepted too rarely on a random model for a run of 3).
 
-Draws, level and power (helpers.py, "false alarms, power and the draw count"): each case draws
-helpers.planned_draws() (825-1,150 here, seeds 0..N-1), the fewest at which every one of its 5 tests has
-99 % power at Cohen's w = 0.25 and alpha = 5e-5 (1 % false alarms over the suite's <= 200 law tests).
-Each report asserts the achieved power of every test (>= 95 %) and prints it with the p-values;
-test_every_verified_depth_is_powered shows the design numbers without drawing anything.
+Why depths and not only positions: t4 is decided by step 1's depth-3 verifier only when step 1 accepted its
+first two drafts, in 16-73 % of the draws here (REACH), and by some later step otherwise, so a mistake confined
+to depth 3 moves t4|t3's law in only that share of the draws: with the position tests' draws, it was caught
+only when about 1 / reach (4-6 times) larger than the stated effect size.
+
+Draws, level and power (helpers.py, "false alarms, power and the draw count"): each case with drafts draws
+helpers.planned_depth_draws() (1,250-6,175 here, seeds 0..N-1): the fewest at which its 5 position tests have
+99 % power at Cohen's w = 0.25 and alpha = helpers.ALPHA (1 % false alarms over the suite's law-test budget)
+and each depth test too, given the share of the draws that reach that depth (REACH, measured; the depth
+test expects N * reach draws). test_every_verifier_depth_is_powered states those numbers per case and asserts
+them without drawing anything; each report asserts the achieved power of every test, depth tests included
+(>= 95 %), and prints it with the p-values and the reach it measured. ar and pld test the positions only
+(helpers.planned_draws(), 950-1,025 draws), as test_every_verified_depth_is_powered states.
 The trained pieces are small and cheap, untrained or briefly trained, but each gets drafts accepted:
 a Kangaroo adapter initialised from layer 1 (KangarooAdapter starts from the first deep layer's
 attention), Medusa heads perturbed off the identity (seed 0), and a DVI policy trained for a few fast
@@ -24,10 +33,12 @@ from __future__ import annotations
 import pytest
 from helpers import (
     ALPHA,
+    DEPTH_TESTS,
     POWER,
     PROMPT8,
     W_DESIGN,
     assert_lossless_sampling,
+    depth_design,
     dvi_on_target8,
     exact_joint,
     law_test,
@@ -35,6 +46,7 @@ from helpers import (
     lossless_draws,
     pair_laws,
     perturbed_heads,
+    planned_depth_draws,
     planned_draws,
 )
 
@@ -75,6 +87,51 @@ CASES = {
 }
 
 
+# Step 1's reach: the share of draws in which step 1's verifier decided at depth 1, 2, 3 and drew the bonus
+# token (depth j decides t_{j+1}; the bonus follows a fully accepted branch), measured on 300 draws (seeds
+# 0..299) and rounded down; each run prints the reach it measured. A mistake confined to one depth moves its
+# output position's law in only that share of the draws (an effect of about reach * w there), so the position
+# tests alone would need 1 / reach^2 times the draws; the depth tests test the draws that reached each depth
+# instead, and the draw count is chosen so that each has 99 % power at w = W_DESIGN (planned_depth_draws).
+# ar never drafts and pld's copies start in only ~1 % of the draws (its prompt offers few matches): their
+# depths are not tested here (pld's verifier is the chain verifier every chain case tests at each depth).
+REACH = {
+    "sps": (1.0, 0.64, 0.22, 0.14),
+    "early_exit": (1.0, 0.80, 0.43, 0.24),
+    "kangaroo_chain": (1.0, 0.84, 0.61, 0.50),
+    "kangaroo_tree": (1.0, 0.78, 0.73, 0.66),
+    "draft_verify": (1.0, 0.86, 0.65, 0.54),
+    "medusa_cartesian": (1.0, 0.19, 0.16, 0.13),
+    "medusa_pruned": (1.0, 0.34, 0.23, 0.16),
+    "medusa_sparse": (1.0, 0.46, 0.24, 0.17),
+    "dvi": (1.0, 0.81, 0.48, 0.33),
+}
+
+
+def case_design(case, target8) -> tuple[int, dict[str, tuple[int, float, float]] | None]:
+    """(draws, {depth test: (df, expected draws reaching it, design power)}) of a case: planned_depth_draws from
+    its stated REACH when its depths are tested, else planned_draws (the position tests alone)."""
+    method, sampler, _, _ = CASES[case]
+    laws = pair_laws(exact_joint(target8, Sampler(**SAMPLERS[sampler]), PLD_PROMPT if method == "pld" else PROMPT8,
+                                 NEW))
+    if case not in REACH:
+        return planned_draws(laws), None
+    reach = dict(zip(DEPTH_TESTS, REACH[case], strict=True))
+    n = planned_depth_draws(laws, reach)
+    return n, depth_design(laws, reach, n)
+
+
+@pytest.mark.parametrize("case", list(REACH))
+def test_every_verifier_depth_is_powered(case, target8):
+    """The draws of each case give every depth test (depth 1, 2, 3 and the bonus) design power >= POWER at
+    w = W_DESIGN and level ALPHA, from the case's stated reach: e.g. sps (reach 0.14 for the bonus) needs
+    about 5,825 draws, where its position tests alone need 1,000."""
+    n, design = case_design(case, target8)
+    stated = ", ".join(f"{k}: df {df}, {m:.0f} draws, power {pw:.4f}" for k, (df, m, pw) in design.items())
+    assert all(pw >= POWER for _, _, pw in design.values()), f"{case}: {n} draws: {stated}"
+    print(f"{case}: {n} draws, alpha {ALPHA:g}, w {W_DESIGN}: {stated}")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, request):
     method, sampler, opts, chain = CASES[case]
@@ -88,8 +145,10 @@ def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, re
         model, pieces["policy"] = request.getfixturevalue("dvi_model")
     kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
     need = {} if chain is None else {"min_run" if chain[0] == "run" else "min_depth": chain[1]}
-    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, drafts=chain is not None,
-                                   prompt=PLD_PROMPT if method == "pld" else PROMPT8, **SAMPLERS[sampler], **need, **kw)
+    n, _ = case_design(case, target8)
+    rep = assert_lossless_sampling(model, tok8, method, max_new_tokens=NEW, drafts=chain is not None, n=n,
+                                   depths=case in REACH, prompt=PLD_PROMPT if method == "pld" else PROMPT8,
+                                   **SAMPLERS[sampler], **need, **kw)
     print(rep)
 
 

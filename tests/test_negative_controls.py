@@ -9,7 +9,7 @@ injected rules.
 First verified token (t2 given t1). Chains: sps with an independent random 1-layer draft (alpha about 0.3,
 so q is far enough from p that every rule matters), K = 1 (max_new_tokens = 2: t1 from the prefill, t2
 verified). Trees: early_exit with branch = 2 (two point-mass candidates under the pending token). T = 1.0,
-seeds 0..N-1, N = helpers.planned_draws() (1,150 here: 99 % power at w = 0.25, alpha = 5e-5, for t1 and
+seeds 0..N-1, N = helpers.planned_draws() (1,225 here: 99 % power at w = 0.25, alpha = 2.5e-5, for t1 and
 t2|t1). For both, the exact law each broken rule produces is computed from the models' exact distributions,
 its effect size w must reach helpers.W_DESIGN, and the exact law of the real rule must have w = 0.
 

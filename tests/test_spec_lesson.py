@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ALPHA
 
 from dvi_lite.core.registry import METHODS
 from dvi_lite.course import ch01_speculative_sampling as sl
@@ -28,7 +29,7 @@ def test_simulated_law_matches_p():
     p, q = sl.toy_pair(v=8, seed=0)
     counts = sl.first_emitted_counts(p, q, 20000, seed=0)
     assert int(counts.sum()) == 20000
-    assert sl.chi_square(counts, p)["pvalue"] > 1e-3
+    assert sl.chi_square(counts, p)["pvalue"] > ALPHA
     assert torch.allclose(sl.simulate_output_law(p, q, 2000, seed=1).sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
@@ -38,6 +39,24 @@ def test_chi_square_catches_the_draft_law():
     gen = torch.Generator().manual_seed(0)
     biased = torch.multinomial(q, 20000, replacement=True, generator=gen).bincount(minlength=8)
     assert sl.chi_square(biased, p)["pvalue"] < 1e-6
+
+
+def test_chi_square_with_nothing_testable_fails_instead_of_passing():
+    """One bin left after pooling (a point-mass law, or too few draws): the result says nothing was testable and
+    its NaN p-value fails both readings ("consistent with p" and "rejected"); it used to be p = 1, a pass.
+    Notebook 01's check_invariants stops on it."""
+    import math
+
+    for counts, probs in ((torch.tensor([0, 40, 0, 0]), torch.tensor([0.0, 1.0, 0.0, 0.0])),
+                          (torch.tensor([2, 1, 0, 1]), torch.full((4,), 0.25))):
+        res = sl.chi_square(counts, probs)
+        assert res["testable"] is False and "nothing testable" in res["note"] and math.isnan(res["pvalue"]), res
+        assert not res["pvalue"] > sl.P_MIN and not res["pvalue"] < sl.P_MIN
+    ok = sl.chi_square(torch.tensor([500, 500, 0, 0]), torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert ok["testable"] is True
+    hists = {"T=1": {"spec_vs_p": res, "target_vs_p": ok, "alpha": 0.5}}
+    with pytest.raises(AssertionError, match="nothing to test"):
+        sl.check_invariants(0.0, ok, {**ok, "pvalue": 0.0}, hists, [], [], [], {}, {"rows": []})
 
 
 def test_chi_square_pools_rare_bins_and_flags_impossible_tokens():
@@ -73,8 +92,8 @@ def test_token_histograms_lossless(target, draft, tok, prompts):
     for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
         h = sl.token_histograms(target, tok, prompts[0], n_samples=20000, temperature=temperature, top_p=top_p,
                                 draft_model=draft, seed=0, n_show=10)
-        assert h["spec_vs_p"]["pvalue"] > 1e-3, h["spec_vs_p"]
-        assert h["target_vs_p"]["pvalue"] > 1e-3
+        assert h["spec_vs_p"]["pvalue"] > ALPHA, h["spec_vs_p"]
+        assert h["target_vs_p"]["pvalue"] > ALPHA
         assert 0.0 < h["alpha"] < 1.0
         shown = min(10, h["support_p"])  # top-p can leave fewer than 10 tokens with p > 0
         assert len(h["rows"]) == shown + 1 and h["rows"][-1]["token"] == -1

@@ -1,7 +1,7 @@
 """dvi_lite.core.verify: exact identities, hand-checked greedy cases, and statistical losslessness.
 
 Statistical tests: every generator is seeded, so each test is deterministic (it either always passes or
-always fails). We still use a p-value threshold (helpers.ALPHA = 5e-5, the suite's Bonferroni level) rather
+always fails). We still use a p-value threshold (helpers.ALPHA = 2.5e-5, the suite's Bonferroni level) rather
 than asserting exact counts: it leaves room for the one fixed draw being a bit unusual, while a real bias in
 the rejection rule (e.g. a wrong residual, a wrong acceptance ratio) gives p-values around 1e-20 or less at
 20 000 trials.

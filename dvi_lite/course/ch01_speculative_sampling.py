@@ -95,12 +95,18 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 
     The chi-square approximation needs expected counts >= 5, so rare tokens are pooled into one bin
     (merged into the smallest kept bin if the pool itself is still too small). A token with p = 0
     that was emitted anyway gives p-value 0: that would be a real bug (e.g. top-p ignored).
+
+    When pooling leaves fewer than two bins (too few draws, or a law with one likely token) nothing is
+    testable: the result says so ("testable": False, a "note") and its p-value and statistic are NaN, so it
+    fails every comparison -- neither `pvalue > threshold` ("consistent with p") nor `pvalue < threshold`
+    ("rejected") holds -- instead of passing with p = 1, a test that cannot fail. The notebooks print and
+    save it as it is; ch01's check_invariants stops on it.
     """
     obs = counts.double().cpu().numpy()
     n = obs.sum()
     exp = probs.double().cpu().numpy() * n
     if (obs[exp == 0] > 0).any():
-        return {"statistic": math.inf, "pvalue": 0.0, "dof": 0, "bins": 0}
+        return {"statistic": math.inf, "pvalue": 0.0, "dof": 0, "bins": 0, "testable": True}
     big = exp >= min_expected
     o, e = list(obs[big]), list(exp[big])
     rest_o, rest_e = obs[~big].sum(), exp[~big].sum()
@@ -113,10 +119,13 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 
             o[j] += rest_o
             e[j] += rest_e
     if len(o) < 2:
-        return {"statistic": 0.0, "pvalue": 1.0, "dof": 0, "bins": len(o)}
+        return {"statistic": math.nan, "pvalue": math.nan, "dof": 0, "bins": len(o), "testable": False,
+                "note": f"nothing testable: {int(n)} draws pool into {len(o)} bin(s) of expected count >= "
+                        f"{min_expected:g}; more draws (or a flatter law) are needed"}
     e_arr = np.asarray(e) * (n / np.sum(e))  # float32 probs sum to 1 +- 1e-7: rescale for scipy's check
     res = chisquare(np.asarray(o), e_arr)
-    return {"statistic": float(res.statistic), "pvalue": float(res.pvalue), "dof": len(o) - 1, "bins": len(o)}
+    return {"statistic": float(res.statistic), "pvalue": float(res.pvalue), "dof": len(o) - 1, "bins": len(o),
+            "testable": True}
 
 
 def expected_tokens(alpha: float, K: int) -> float:
@@ -284,6 +293,9 @@ def check_invariants(exact_err: float, toy_chi: dict, control_chi: dict, hists: 
     the unverified draft (the negative control), the sweep and the comparison have every row with meaningful
     numbers, and the parity counts are consistent, with no fp32 argmax flip."""
     require(exact_err < 1e-9, f"exact output law differs from p by {exact_err}")
+    for name, chi in [("toy", toy_chi), ("control", control_chi)] + [
+            (f"{k} {w}", h[w]) for k, h in hists.items() for w in ("spec_vs_p", "target_vs_p")]:
+        require(chi.get("testable", True), f"{name}: the chi-square test had nothing to test: {chi.get('note')}")
     require(toy_chi["pvalue"] > P_MIN, f"toy chi-square rejects speculative sampling: {toy_chi}")
     require(control_chi["pvalue"] < P_MIN, f"negative control (law q) passes the chi-square test: {control_chi}")
     for name, h in hists.items():
