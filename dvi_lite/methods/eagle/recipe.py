@@ -26,7 +26,7 @@ from dvi_lite.models.teacher import TeacherConfig, TeacherData, fill_states, tea
 TEACHER = TeacherConfig(answers=32, corpus_windows=320)
 TEACHER_SMOKE = TeacherConfig(answers=2, answer_tokens=8, corpus_windows=2, seq_len=32, gen_batch=2, top_k=8)
 # the head's training on it: EagleTrainConfig's recipe, sized to about 10 minutes of one CPU core on the course model
-TRAIN = EagleTrainConfig(steps=400, eval_every=40, warmup=20, lr=1e-3, val_frac=0.1, val_rows=32)
+TRAIN = EagleTrainConfig(steps=240, eval_every=30, warmup=20, lr=1e-3, val_frac=0.1, val_rows=32)
 TRAIN_SMOKE = EagleTrainConfig(steps=3, warmup=1, eval_every=0, val_rows=2, batch_rows=2)
 
 
