@@ -86,14 +86,15 @@ def test_prepare_makes_an_eagle_head_with_its_card_for_a_copy_of_the_course_mode
         if name != "eagle head":
             f.parent.mkdir(parents=True, exist_ok=True)
             f.touch()
-    pieces = prepare(course_copy, PrepareConfig.smoke())
+    command = f"python -m dvi_lite prepare --model {course_copy} --smoke"
+    pieces = prepare(course_copy, PrepareConfig.smoke(), command=command)
     assert "training eagle head" in capsys.readouterr().out
     head = Path(pieces["eagle head"])
     assert head == artifacts.artifacts_dir(model) / "eagle" / "head.pt" and head.is_file()
     card = json.loads((head.parent / "card.json").read_text())
     assert card["target"] == artifacts.fingerprint(model) and card["head"]["layers"] == [2, 6, 9]
     assert card["data"]["source"].startswith("teacher set") and card["train_tokens_seen"] > 0
-    assert card["steps"] == 3 and "prepare" in card["command"] and card["commit"] and card["device"]
+    assert card["steps"] == 3 and card["command"] == command and card["commit"] and card["device"]
     ar = dvi_lite.generate(model, tok, "def f(x):", method="ar", max_new_tokens=12).token_ids
     assert dvi_lite.generate(model, tok, "def f(x):", method="eagle", max_new_tokens=12).token_ids == ar
 
