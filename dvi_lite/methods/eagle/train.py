@@ -302,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> dict:
         if args.data is None and args.model != "smollm2":  # no self-distillation set: the teacher-set recipe
+            fixed = [f"--{k.replace('_', '-')}" for k in ("layers", "vocab", "ttt_steps", "batch_rows", "lr",
+                                                        "max_tokens", "eval_every", "bf16")
+                     if getattr(args, k) != ap.get_default(k)]
+            if fixed:
+                raise ValueError(f"{', '.join(fixed)}: set by the teacher-set recipe (methods/eagle/recipe.py) "
+                                 "on this model; they apply with --data (a self-distillation set)")
             from dvi_lite.methods.eagle.recipe import prepare_model
             from dvi_lite.models.artifacts import artifacts_dir
             from dvi_lite.models.loading import Loaded, load_model
