@@ -3,6 +3,7 @@
 The course model's pieces are committed in data/; any other checkpoint's go to build/models/<fingerprint>/,
 so the notebooks run unchanged on it after `prepare`, and training for it never overwrites data/.
 """
+import json
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,53 @@ def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model,
     assert {k: Path(f).stat().st_mtime_ns for k, f in pieces.items()} == mtimes
     # every method now finds its piece by default, and stays lossless on this model
     ar = dvi_lite.generate(model, tok, "def f(x):", method="ar", max_new_tokens=12, stop_at_eos=False).token_ids
-    for method, kw in [("kangaroo", {}), ("medusa", {}), ("draft_verify", {}), ("dvi", {})]:
+    for method, kw in [("kangaroo", {}), ("medusa", {}), ("draft_verify", {}), ("dvi", {}), ("eagle", {}),
+                       ("eagle", {"tree": "chain"})]:
         out = dvi_lite.generate(model, tok, "def f(x):", method=method, max_new_tokens=12, stop_at_eos=False, **kw)
         assert out.token_ids == ar, method
+
+
+@pytest.fixture()
+def course_copy(tmp_path, monkeypatch):
+    """The course model's folder copied, one embedding value nudged (a fingerprint of its own); pieces go to tmp."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dvi_lite.models.loading import COURSE_MODEL
+
+    monkeypatch.setenv("DVI_MODELS_DIR", str(tmp_path / "models"))
+    folder = tmp_path / "course_copy"
+    shutil.copytree(COURSE_MODEL, folder)  # the tokenizer's link is copied as a file
+    weights = load_file(folder / "model.safetensors")
+    weights["model.embed_tokens.weight"][0, 0] += 0.01  # row 0 is one of the fingerprint's probe rows
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return str(folder)
+
+
+def test_prepare_makes_an_eagle_head_with_its_card_for_a_copy_of_the_course_model(course_copy, capsys):
+    """`prepare --model <folder>` trains the EAGLE head by eagle/recipe.py (the teacher set, then the training-time
+    test), and writes its card beside it; the head drafts on that model, losslessly. The other pieces are placed
+    beforehand (empty files: prepare keeps what exists), so only the EAGLE recipe runs, at smoke sizes."""
+    from dvi_lite.study.prepare import PrepareConfig, _pieces, prepare
+
+    model, tok = dvi_lite.load_model(course_copy, dtype="float32")
+    assert artifacts.fingerprint(model) != artifacts.COURSE_FINGERPRINT
+    for name, f in _pieces(model, 2).items():
+        if name != "eagle head":
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+    command = f"python -m dvi_lite prepare --model {course_copy} --smoke"
+    pieces = prepare(course_copy, PrepareConfig.smoke(), command=command)
+    assert "training eagle head" in capsys.readouterr().out
+    head = Path(pieces["eagle head"])
+    assert head == artifacts.artifacts_dir(model) / "eagle" / "head.pt" and head.is_file()
+    card = json.loads((head.parent / "card.json").read_text())
+    assert card["target"] == artifacts.fingerprint(model) and card["head"]["layers"] == [2, 6, 9]
+    assert card["data"]["source"].startswith("teacher set") and card["train_tokens_seen"] > 0
+    assert card["steps"] == 3 and card["command"] == command and card["commit"] and card["device"]
+    ar = dvi_lite.generate(model, tok, "def f(x):", method="ar", max_new_tokens=12).token_ids
+    assert dvi_lite.generate(model, tok, "def f(x):", method="eagle", max_new_tokens=12).token_ids == ar
 
 
 def test_course_model_needs_no_preparation(capsys):

@@ -58,13 +58,19 @@ def test_tree_stats_and_rebuilt_read_the_recorded_steps():
     assert ch.rebuilt(steps, 3) == [3, 5, 6, 8, 4]
 
 
-def test_ttt_on_text_and_the_untrained_head_of_a_model_without_one():
+def test_ttt_on_text_with_the_course_models_committed_head():
     model, tok = dvi_lite.load_model("course", dtype="float32")
     head, what = ch.head_for(model)
-    assert "untrained" in what and isinstance(head, EagleHead)
+    assert what == "committed head (eagle/head.pt)" and isinstance(head, EagleHead)
     out = ch.ttt_on_text(model, head, list(range(1, 25)), steps=3)
     assert out["loss"] > 0 and [s["step"] for s in out["steps"]] == [0, 1, 2]
     assert [s["n"] for s in out["steps"]] == [23, 22, 21] and all(0 <= s["agreement"] <= 1 for s in out["steps"])
+
+
+def test_a_model_without_a_head_gets_an_untrained_one(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DVI_MODELS_DIR", str(tmp_path))  # no head prepared for the tiny target
+    head, what = ch.head_for(target)
+    assert "untrained" in what and isinstance(head, EagleHead) and not head.training
 
 
 def test_check_invariants_stops_on_a_path_that_leaves_its_tree():

@@ -113,12 +113,16 @@ SELF_SPEC = {
     "draft_verify": ("draft_verify", {"skip": {"attn": [3, 5, 7, 9], "mlp": [2, 4, 6, 8, 10]}}),
     "medusa": ("medusa", {}),
     "dvi": ("dvi", {"split": 2}),  # the trained head of notebook 05 (data/dvi/policy.pt)
+    # the committed head (data/eagle/head.pt, eagle/recipe.py): a chain and EAGLE-2's dynamic tree
+    "eagle (chain)": ("eagle", {"tree": "chain"}),
+    "eagle (dynamic)": ("eagle", {}),
 }
 
 
 @pytest.mark.parametrize("label", list(SELF_SPEC))
 def test_self_speculative_greedy_equals_ar_on_the_prompts(course, ar_outputs, label):
-    """Kangaroo (committed adapter; chain and tree drafts) and Draft & Verify: first 32 tokens equal AR's."""
+    """Kangaroo (committed adapter; chain and tree drafts), Draft & Verify, Medusa, DVI and EAGLE (committed head;
+    chain and dynamic tree): first 32 tokens equal AR's (and so HF generate's)."""
     model, tok = course
     method, opts = SELF_SPEC[label]
     accepted = tested = 0

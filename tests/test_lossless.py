@@ -26,7 +26,8 @@ them without drawing anything; each report asserts the achieved power of every t
 The trained pieces are small and cheap, untrained or briefly trained, but each gets drafts accepted:
 a Kangaroo adapter initialised from layer 1 (KangarooAdapter starts from the first deep layer's
 attention), Medusa heads perturbed off the identity (seed 0), and a DVI policy trained for a few fast
-steps on the model itself (seed 0).
+steps on the model itself (seed 0), and an EAGLE head initialised from the target (EagleHead's init; its chain's
+q is the head's law, its dynamic tree's candidates point masses; tests/test_eagle_sampling.py has more cases).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from helpers import (
 
 from dvi_lite.core.runner import Skip
 from dvi_lite.core.sampling import Sampler
+from dvi_lite.methods.eagle.head import EagleHead
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 
 NEW = 5  # t1 from the prefill, then a first step that drafts K = min(k, NEW - 2) = 3
@@ -84,6 +86,9 @@ CASES = {
     "medusa_sparse": ("medusa", "topk", {"heads": "heads", "K": K, "branch": 3, "tree": "sparse", "accuracies": ACC,
                                          "max_nodes": 8}, ("run", 3)),
     "dvi": ("dvi", "T0.7", {"state": "policy", "K": K, "threshold": None}, ("run", 3)),
+    "eagle_chain": ("eagle", "T0.7", {"head": "head", "K": K, "tree": "chain"}, ("run", 3)),
+    "eagle_dynamic": ("eagle", "topp", {"head": "head", "K": K, "tree": "dynamic", "branch": 2, "max_nodes": 6},
+                      ("depth", 3)),
 }
 
 
@@ -143,6 +148,8 @@ def test_every_method_is_lossless_under_sampling(case, target8, draft8, tok8, re
         pieces["heads"] = perturbed_heads(target8)
     if method == "dvi":
         model, pieces["policy"] = request.getfixturevalue("dvi_model")
+    if method == "eagle":
+        pieces["head"] = EagleHead(target8).eval()
     kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
     need = {} if chain is None else {"min_run" if chain[0] == "run" else "min_depth": chain[1]}
     n, _ = case_design(case, target8)

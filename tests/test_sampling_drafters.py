@@ -13,8 +13,9 @@ prompt under top-k and on a prompt of its own under top-p (PLD_TOP_P_PROMPT), ea
 The check is the shared one (helpers.assert_lossless_sampling, on the vocabulary-8 target whose law is enumerated
 exactly): helpers.lossless_draws() draws per case (its power calculation), t2 | t1, t3 | t1, t2 and t4 | t1..t3
 tested (drafts K = 3 deep, 5 new tokens), and a step that accepted 3 drafts in a row (pld: a 3-deep proposal).
-The pieces are those of test_lossless.py: a Kangaroo adapter initialised from layer 1, and a DVI policy trained
-for 4 fast steps on the model itself.
+The pieces are those of test_lossless.py: a Kangaroo adapter initialised from layer 1, a DVI policy trained
+for 4 fast steps on the model itself, and an EAGLE head initialised from the target (its chain's q, filtered
+like p).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from helpers import PROMPT8, assert_lossless_sampling, dvi_on_target8
 from test_lossless import PLD_PROMPT
 
 from dvi_lite.core.runner import Skip
+from dvi_lite.methods.eagle.head import EagleHead
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 
 NEW, K = 5, 3
@@ -41,6 +43,7 @@ CASES = {
     "draft_verify": ("draft_verify", {"skip": Skip(mlp=frozenset({1})), "K": K, "threshold": None,
                                       "adaptive": False}, ("run", 3)),
     "dvi": ("dvi", {"state": "policy", "K": K, "threshold": None}, ("run", 3)),
+    "eagle_chain": ("eagle", {"head": "head", "K": K, "tree": "chain"}, ("run", 3)),
     # point-mass drafts: each filter on its own (together they leave too few copies kept for a t5 cell)
     "pld_top_k": ("pld", {"K": K, "max_ngram": 2, "top_p": 1.0}, ("depth", 3)),
     "pld_top_p": ("pld", {"K": K, "max_ngram": 2, "top_k": 0}, ("depth", 3)),
@@ -64,6 +67,8 @@ def test_drafter_is_lossless_under_top_k_and_top_p(case, target8, draft8, tok8, 
         pieces["adapter"] = KangarooAdapter(target8, 1).eval()
     if method == "dvi":
         model, pieces["policy"] = request.getfixturevalue("dvi_model")
+    if method == "eagle":
+        pieces["head"] = EagleHead(target8).eval()
     kw = {k: pieces.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
     need = {"min_run" if chain[0] == "run" else "min_depth": chain[1]}
     sampler = BOTH | kw  # pld's cases switch one filter off

@@ -9,8 +9,9 @@
                                        target's own token (core.engine.start / step, the one loop)
     tree_html(tok, step)            -> one step's tree as nested lists, the accepted path marked
     headline(bench, methods)        -> rows of a bench result (decode-phase speedup and its interval, tau, alpha)
-    head_for(model)                 -> the model's committed head, or (no head committed: the course model in smoke
-                                       mode) an untrained one initialised from the target, and which it is
+    head_for(model)                 -> the model's head (committed: data/eagle for the course model, data/smollm2/eagle
+                                       for SmolLM2; or made by `prepare`), else an untrained one initialised from the
+                                       target, and which it is
     ttt_on_text(model, head, ids)   -> the training-time-test loss and each draft step's agreement on one text
     tree_stats(steps)               -> tau, nodes and accepted per step of a tree_steps run
     check_invariants(...)           -> notebook 07's claims (correctness only), one line each
@@ -162,7 +163,8 @@ def headline(bench: dict, methods: list[str] | None = None) -> list[dict]:
 
 
 def head_for(model) -> tuple[EagleHead, str]:
-    """(head, what it is): the model's committed head (data/smollm2/eagle for SmolLM2), else an untrained head
+    """(head, what it is): the model's head (data/eagle for the course model, data/smollm2/eagle for SmolLM2, or
+    the one `prepare --model <folder>` trained), else an untrained head
     initialised from the target (its layer after the high fused state, the target's LM head rows): lossless
     anyway, a poor drafter."""
     if head_path(model).is_file():

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import weakref
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
@@ -128,6 +129,29 @@ def read_piece(path: str | Path, model, what: str, how: str) -> dict:
         raise ValueError(f"{what} {p} was trained for the model {body.get('fingerprint')}, not this one "
                          f"({fingerprint(model)}); make one for it with {how}")
     return body
+
+
+def deflate_piece(path: str | Path) -> Path:
+    """Rewrite torch.save's zip at `path` with its records deflated (atomic): the same records, byte for byte, read
+    back by torch.load as they are, in about 8 % fewer bytes for fp16 weights (torch.save stores them uncompressed).
+    What keeps the committed pieces inside the tracked tree's budget (tests/test_layout.py)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".deflate")
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    tmp.replace(path)
+    return path
+
+
+def save_piece(body: dict, path: str | Path) -> Path:
+    """torch.save(body) to `path`, deflated (deflate_piece) and atomic: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(body, tmp)
+    deflate_piece(tmp).replace(path)
+    return path
 
 
 _PIECES: dict[tuple, tuple[weakref.ref, Any]] = {}  # (kind, fingerprint, file, mtime, dtype, device, extra)

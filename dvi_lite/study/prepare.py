@@ -1,7 +1,7 @@
 """Train every method's pieces for a model that is not the course model, so the notebooks run on it.
 
-The course model's Kangaroo adapter, Medusa heads, Draft & Verify skip set and DVI head are committed in
-data/. A local HF checkpoint has none of them, and each loader refuses pieces trained for another model
+The course model's Kangaroo adapter, Medusa heads, Draft & Verify skip set, DVI head and EAGLE head are
+committed in data/. A local HF checkpoint has none of them, and each loader refuses pieces trained for another model
 (a fingerprint check), so before the notebooks run on `--model X` this fills X's own folder,
 build/models/<fingerprint>/ (see `artifacts`), with the same recipes the course used. What is already
 there is kept (rerunning is cheap and resumes nothing twice); `--force` retrains.
@@ -119,11 +119,13 @@ def prepare_smollm2(model_path: str, force: bool = False, command: str = "", smo
 def _pieces(model, split: int) -> dict[str, Path]:
     from dvi_lite.methods.draft_verify.skipset import skip_file
     from dvi_lite.methods.dvi.policy import POLICY_FILE
+    from dvi_lite.methods.eagle.head import head_path
     from dvi_lite.methods.kangaroo.drafter import model_adapter_path
     from dvi_lite.methods.medusa.heads import heads_path
 
     return {"kangaroo adapter": model_adapter_path(model, split), "medusa heads": heads_path(model),
-            "draft_verify skip set": skip_file(model), "dvi head": artifacts_dir(model) / "dvi" / POLICY_FILE}
+            "draft_verify skip set": skip_file(model), "dvi head": artifacts_dir(model) / "dvi" / POLICY_FILE,
+            "eagle head": head_path(model)}
 
 
 def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, command: str = "",
@@ -134,9 +136,10 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
     from dvi_lite.measure.provenance import provenance
     from dvi_lite.methods.draft_verify import search as dv
     from dvi_lite.methods.dvi import cli as dvi
+    from dvi_lite.methods.eagle.recipe import prepare_model as eagle_recipe
     from dvi_lite.methods.kangaroo.train import AdapterConfig, train_adapter
     from dvi_lite.methods.medusa.train import MedusaTrainConfig, train_heads
-    from dvi_lite.models.loading import load_model
+    from dvi_lite.models.loading import Loaded, load_model
 
     if model_path is not None and str(model_path) == "smollm2":
         return prepare_smollm2("smollm2", force, command, smoke=cfg == PrepareConfig.smoke(), data=data,
@@ -168,6 +171,9 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
                   "--out", str(todo["dvi head"].parent), "--seed", str(cfg.seed), "--eval-prompts", "0",
                   "--ckpt-dir", str(artifacts_dir(model).parent / f"ckpt_{fingerprint(model)}_dvi")]
                  + (["--force"] if force else []))  # the course model's committed policy: only when forced
+    if "eagle head" in todo:  # the teacher-set recipe (eagle/recipe.py), as `eagle-train --model course` runs it
+        eagle_recipe(Loaded(model, tok, str(model_path)), todo["eagle head"].parent, command,
+                     smoke=cfg == PrepareConfig.smoke(), resume=not force)
     return {k: str(v) for k, v in pieces.items()}
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from dvi_lite.core.checks import check_int
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached, read_piece
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached, read_piece, save_piece
 
 TRAIN_COMMAND = "python -m dvi_lite eagle-train"
 
@@ -174,16 +174,12 @@ def head_path(model) -> Path:
 
 
 def save_head(head: EagleHead, path: str | Path) -> Path:
-    """The head in half precision (what is committed), with its config and the target's fingerprint; atomic."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The head in half precision (what is committed), with its config and the target's fingerprint; atomic and
+    deflated (models.artifacts.save_piece)."""
     state = {k: v.half() if v.is_floating_point() else v for k, v in head.state_dict().items()
              if head.cfg.train_lm_head or k != "lm_head.weight"}  # a frozen LM head is the target's rows
     body = {"cfg": asdict(head.cfg), "fingerprint": head.model_fingerprint, "state": state}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(body, tmp)
-    tmp.replace(path)
-    return path
+    return save_piece(body, path)
 
 
 def load_head(model, path: str | Path | None = None) -> EagleHead:

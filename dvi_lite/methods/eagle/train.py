@@ -1,5 +1,8 @@
 """Train an EAGLE head from the target's stored outputs: `python -m dvi_lite eagle-train --model smollm2`.
 
+(The course model and any other checkpoint without a self-distillation set: `--model course` trains on the
+teacher set by recipe.py's `prepare_model`, the recipe `prepare` runs too.)
+
 Input: a `TeacherData` (models/teacher.py), e.g. the self-distillation set read by
 `models.distill_reader.load_as_teacher(folder, split, layers=(2, 15, 27))`: per position the tokens, the states
 after the fused layers, and the target's top-k next tokens with their log-probs. Target: that top-k,
@@ -283,7 +286,8 @@ def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("eagle-train"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'course', 'smollm2' or a local HF checkpoint folder")
-    ap.add_argument("--data", default=None, help="the self-distillation set's folder (default: build/distill/<fp>)")
+    ap.add_argument("--data", default=None, help="the self-distillation set's folder (smollm2's default: "
+                    "build/distill/<fp>); without it any other model trains on its teacher set (eagle/recipe.py)")
     ap.add_argument("--layers", type=int, nargs=3, default=None, help="fused layers (default: 2, L // 2, L - 3)")
     ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary N (0 = the full vocabulary)")
     ap.add_argument("--ttt-steps", type=int, default=EagleTrainConfig.ttt_steps)
@@ -302,6 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
+        if args.data is None and args.model != "smollm2":  # no self-distillation set: the teacher-set recipe
+            fixed = [f"--{k.replace('_', '-')}" for k in ("layers", "vocab", "ttt_steps", "batch_rows", "lr",
+                                                        "max_tokens", "eval_every", "bf16")
+                     if getattr(args, k) != ap.get_default(k)]
+            if fixed:
+                raise ValueError(f"{', '.join(fixed)}: set by the teacher-set recipe (methods/eagle/recipe.py) "
+                                 "on this model; they apply with --data (a self-distillation set)")
+            from dvi_lite.methods.eagle.recipe import prepare_model
+            from dvi_lite.models.artifacts import artifacts_dir
+            from dvi_lite.models.loading import Loaded, load_model
+
+            model, tok = load_model(args.model, dtype="float32")
+            out = args.out or artifacts_dir(model) / "eagle"
+            return prepare_model(Loaded(model, tok, args.model), out, command_line("eagle-train", argv),
+                                 max_minutes=args.max_minutes, resume=not args.no_resume,
+                                 steps=None if args.steps == EagleTrainConfig.steps else args.steps)
         cfg = EagleTrainConfig(head=HeadConfig(tuple(args.layers) if args.layers else None, None, args.vocab or None),
                                ttt_steps=args.ttt_steps, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
                                bf16=args.bf16, max_minutes=args.max_minutes, eval_every=args.eval_every)
