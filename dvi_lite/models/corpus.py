@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Iterator
 
 from dvi_lite.commands import prog
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import DATA_DIR, atomic_write_bytes
 
 CORPUS_DIR = DATA_DIR / "corpus"
 PROMPTS_DIR = DATA_DIR / "prompts"
+HELDOUT_PROMPTS = PROMPTS_DIR / "heldout.jsonl.xz"  # the course model's held-out prompts (JSONL, xz-compressed)
 DOMAINS = ("code", "prose")
 SPLITS = ("train", "val", "test")
 DOC_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
@@ -166,17 +167,23 @@ def make_prompts(n_per_domain: int = 150, seed: int = 0, split: str = "test") ->
 
 
 def write_prompts(prompts: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    """JSON Lines, xz-compressed when the name ends in .xz; written atomically."""
+    text = "".join(json.dumps(p) + "\n" for p in prompts).encode()
+    atomic_write_bytes(path, lzma.compress(text, preset=9) if path.suffix == ".xz" else text)
 
 
 def load_prompts(path: str | Path | None = None, domain: str | None = None, n: int | None = None) -> list[dict]:
     """Prompt records ({id, domain, source, prompt}) from a JSONL file (default: the held-out set)."""
-    path = Path(path) if path is not None else PROMPTS_DIR / "heldout.jsonl"
+    path = Path(path) if path is not None else HELDOUT_PROMPTS
     if not path.is_file():
         raise FileNotFoundError(f"prompts file {path} does not exist (expected JSONL with a 'prompt' field)")
+    try:
+        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+    except (lzma.LZMAError, UnicodeDecodeError) as e:
+        raise ValueError(f"prompts file {path} is not UTF-8 JSON Lines{' in xz' if path.suffix == '.xz' else ''} "
+                         f"({e})") from None
     recs = []
-    for i, line in enumerate(path.read_text().splitlines()):
+    for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:
@@ -196,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("corpus"), description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="rebuild data/corpus from the machine's stdlib and python3-doc")
-    sub.add_parser("prompts", help="rebuild data/prompts/heldout.jsonl from the test split")
+    sub.add_parser("prompts", help="rebuild data/prompts/heldout.jsonl.xz from the test split")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(json.dumps(build_snapshot(), indent=2))
     else:
         prompts = make_prompts()
-        write_prompts(prompts, PROMPTS_DIR / "heldout.jsonl")
-        print(f"wrote {len(prompts)} prompts to {PROMPTS_DIR / 'heldout.jsonl'}")
+        write_prompts(prompts, HELDOUT_PROMPTS)
+        print(f"wrote {len(prompts)} prompts to {HELDOUT_PROMPTS}")
     return 0
 
 

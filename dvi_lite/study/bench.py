@@ -36,7 +36,7 @@ from dvi_lite.measure.provenance import provenance
 from dvi_lite.measure.timing import TIMING, bench, check_method, parse_spec
 from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
-from dvi_lite.models.corpus import PROMPTS_DIR
+from dvi_lite.models.corpus import HELDOUT_PROMPTS
 from dvi_lite.models.loading import load_model
 
 
@@ -98,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
                     help="JSONL: ours ('prompt': a raw continuation) or Spec-Bench's ('turns': the first turn is a "
                     "user message through the chat template; with a tokenizer that has no chat template, e.g. the "
                     "course model's, the turn is used as a raw string prompt). Default: data/spec_bench/"
-                    "question_dev.jsonl.xz for a model with a chat template, else data/prompts/heldout.jsonl")
+                    "question_dev.jsonl.xz for a model with a chat template, else data/prompts/heldout.jsonl.xz")
     ap.add_argument("--n-prompts", type=int, default=20, help="use N prompts, spread over the task groups")
     ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
                     help="2: time Spec-Bench's second turn, asked after the model's own first answer (greedy AR, "
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         records = specbench.read_prompts(args.prompts) if args.prompts else None  # a bad file fails before loading
         model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
         chat = has_chat_template(tok)
-        path = args.prompts or (specbench.SPEC_BENCH_DEV if chat else PROMPTS_DIR / "heldout.jsonl")
+        path = args.prompts or (specbench.SPEC_BENCH_DEV if chat else HELDOUT_PROMPTS)
         records = records or specbench.read_prompts(path)
         if Path(path).resolve() == specbench.SPEC_BENCH_DEV.resolve() and args.n_prompts > specbench.EVAL_QUESTIONS:
             raise ValueError(f"--n-prompts must be <= {specbench.EVAL_QUESTIONS} on Spec-Bench dev: the other "

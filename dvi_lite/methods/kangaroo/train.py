@@ -204,7 +204,7 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
         from dvi_lite.models.teacher import teacher_outputs
         from dvi_lite.models.vocab import build_vocab_map, head_vocab_size
 
-        texts = [r["prompt"] for r in read_prompts(DATA_DIR / "prompts" / "heldout.jsonl")[:6]]
+        texts = [r["prompt"] for r in read_prompts(DATA_DIR / "prompts" / "heldout.jsonl.xz")[:6]]
         tcfg = TeacherConfig(answers=0, corpus_windows=len(texts), layers=(cfg.split,))
         data = teacher_outputs(model, [tok(t)["input_ids"][:48] for t in texts], tcfg)
         data.card = {"config": asdict(tcfg), "smoke": "heldout prompts, no answers", "n_rows": len(texts)}
