@@ -100,8 +100,8 @@ def test_smoke_training_lowers_the_loss_and_resumes_bit_exact(course_teacher, tm
     for k, v in head_a.state_dict().items():
         assert torch.equal(v, head_b.state_dict()[k]), k
     assert card_b["log"] == card_a["log"] and card_b["curve"] == card_a["curve"] and card_b["final"] == card_a["final"]
-    with pytest.raises(ValueError, match="written with another config"):
-        train_eagle(model, data, EagleTrainConfig(**{**CFG, "lr": 1e-3}), tmp_path / "b", progress=False)
+    with pytest.raises(ValueError, match="written with another config"):  # the same checkpoint, another config
+        train_eagle(model, data, EagleTrainConfig(**{**CFG, "lr": 1e-3}), tmp_path / "b", progress=False, ckpt=ckpt)
     loaded = load_head(model, tmp_path / "a" / "head.pt")  # the half-precision file drafts
     assert loaded.layers == (2, 6, 9)
     snaps = sorted((tmp_path / "a" / "curve").glob("tokens_*.pt"))  # one snapshot per curve point, each a head

@@ -53,7 +53,7 @@ DRIVER = f"""
 import dataclasses, io, json, os, sys, time, traceback
 from pathlib import Path
 import torch, transformers  # the heavy imports, once: every run is a fork of this process
-import dvi_lite.cli, dvi_lite.course_model.train, dvi_lite.methods.dvi.cli
+import dvi_lite.cli, dvi_lite.models.training, dvi_lite.methods.dvi.cli
 import dvi_lite.methods.kangaroo.train, dvi_lite.methods.medusa.train
 
 
@@ -132,9 +132,9 @@ def patch(command, home, kill, marker):
 
             learner.OnlineTrainer._slow_update = slow_update
         return
-    from dvi_lite.course_model import train as course
-    docs = course.load_docs
-    course.load_docs = lambda split, domain=None: docs(split, domain)[:{DOCS}]
+    from dvi_lite.models import training  # the shared training pieces read the corpus through load_docs
+    docs = training.load_docs
+    training.load_docs = lambda split, domain=None: docs(split, domain)[:{DOCS}]
     if command == "kangaroo-train":
         from dvi_lite.methods.kangaroo import train as mod
 
