@@ -75,3 +75,22 @@ def test_progress_resumes_the_same_run_and_redoes_a_torn_or_foreign_file(fake_ro
     reproduce.PROGRESS.write_text('{"mode": "full", "run_key": "key", "noteb')  # a write cut by a kill
     assert reproduce.read_progress("full", "key") == {}
     assert "unreadable" in capsys.readouterr().out
+
+
+def test_atomic_writes_keep_the_files_mode_and_leave_no_temporary(tmp_path: Path):
+    """A rename-into-place write must not leave a committed file readable by its owner only (mkstemp's 0600)."""
+    import os
+    import stat
+
+    from dvi_lite.paths import atomic_write_text
+
+    new = atomic_write_text(tmp_path / "new.json", "{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
+    old = tmp_path / "old.json"
+    old.write_text("[]")
+    old.chmod(0o640)
+    atomic_write_text(old, "[1]")
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640 and old.read_text() == "[1]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "old.json"]
