@@ -277,3 +277,35 @@ def test_the_fingerprint_covers_every_weight_is_cached_and_keys_checkpoints(cour
     assert a != ckpt_path("kangaroo_k2", other, {"lr": 1e-3, "steps": 10})
     assert a != ckpt_path("kangaroo_k2", model, {"lr": 2e-3, "steps": 10})
     assert a.resolve().is_relative_to(BUILD_DIR.resolve())
+
+
+# 4. atomic writes
+
+WRITES_ALLOWED = {"dvi_lite/study/book.py": "the static book, under build/book and rebuilt whole by `make book`",
+                  "dvi_lite/models/smollm2.py": "the converted checkpoint is written in a temporary folder, swapped in"}
+
+
+def test_every_write_of_a_users_work_is_atomic():
+    """Pieces, cards, results, README and notebooks are written through a temporary file and a rename
+    (paths.atomic_write_*, artifacts.save_piece): a `.write_text`, `.write_bytes` or `torch.save` may only target
+    a temporary (a name with "tmp" in it, renamed into place after), or sit in a module listed above."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "dvi_lite").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in WRITES_ALLOWED:
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            if node.func.attr in ("write_text", "write_bytes"):
+                target = ast.get_source_segment(source, node.func.value)
+            elif node.func.attr == "save" and ast.get_source_segment(source, node.func.value) == "torch":
+                target = ast.get_source_segment(source, node.args[1]) if len(node.args) > 1 else "?"
+            else:
+                continue
+            if "tmp" not in target:
+                found.append(f"{rel}:{node.lineno}: {node.func.attr} to {target}")
+    assert not found, "writes that a kill could leave half done:\n" + "\n".join(found)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dvi_lite.course.diagrams_methods import eagle_features, prompt_lookup_copy, skip_mask
 from dvi_lite.course.svg import BLUE, GREEN, GREY, INK, ORANGE, PURPLE, RED, TINT, Canvas, _n
-from dvi_lite.paths import ROOT
+from dvi_lite.paths import ROOT, atomic_write_text
 
 MEDUSA_PARENTS = (-1, 0, 0, 1, 1, 3)  # the candidate tree: node 0 (the next token) is the root
 MEDUSA_TOKENS = ("the", "cat", "dog", "sat", "ran", "on")
@@ -212,7 +212,7 @@ def write_all(out_dir: Path = ROOT / "figures" / "diagrams") -> list[Path]:
     paths = []
     for name, draw in DIAGRAMS.items():
         path = out_dir / f"{name}.svg"
-        path.write_text(draw(), encoding="utf-8")
+        atomic_write_text(path, draw())
         paths.append(path)
     return paths
 

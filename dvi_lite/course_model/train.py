@@ -25,7 +25,7 @@ from dvi_lite.measure.provenance import provenance
 from dvi_lite.models.corpus import DOMAINS, load_prompts
 from dvi_lite.models.tokenizer import EOS, train_tokenizer
 from dvi_lite.models.training import TrainConfig, batch, encode_split, lr_at
-from dvi_lite.paths import BUILD_DIR, DATA_DIR
+from dvi_lite.paths import BUILD_DIR, DATA_DIR, atomic_write_text
 from dvi_lite.safety import load_torch
 
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
@@ -166,8 +166,8 @@ def _save(model, tok, cfg, val_data, n_params, wall, log, command) -> dict:
         "provenance": prov,
         "log": log,
     }
-    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-    (out / "MODEL_CARD.md").write_text(_card_md(out.name, card))
+    atomic_write_text(out / "card.json", json.dumps(card, indent=2) + "\n")
+    atomic_write_text(out / "MODEL_CARD.md", _card_md(out.name, card))
     keys = ("params", "tokens_seen", "val_perplexity", "greedy_distinct_token_fraction", "wall_time_s")
     print(json.dumps({k: card[k] for k in keys}, indent=2))
     return card

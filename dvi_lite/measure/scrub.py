@@ -17,6 +17,8 @@ import json
 import re
 from pathlib import Path
 
+from dvi_lite.paths import atomic_write_bytes
+
 WIDGET = "application/vnd.jupyter.widget-view+json"
 BAR = re.compile(r"\d+%\|")  # tqdm's bar: " 37%|███▋      | 37/100 [00:01<00:02, ...]"
 NOISE = re.compile(r"is deprecated|will be removed in|DeprecationWarning|FutureWarning")
@@ -39,9 +41,9 @@ def shrink_png(data: bytes) -> bytes:
 
 
 def shrink_file(path: str | Path) -> None:
-    """A PNG file rewritten by `shrink_png`, in place."""
+    """A PNG file rewritten by `shrink_png`, in place (atomically)."""
     path = Path(path)
-    path.write_bytes(shrink_png(path.read_bytes()))
+    atomic_write_bytes(path, shrink_png(path.read_bytes()))
 
 
 def _shrink_images(o: dict) -> dict:

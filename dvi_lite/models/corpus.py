@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dvi_lite.commands import prog
-from dvi_lite.paths import DATA_DIR, atomic_write_bytes
+from dvi_lite.paths import DATA_DIR, atomic_write_bytes, atomic_write_text
 
 CORPUS_DIR = DATA_DIR / "corpus"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -93,7 +93,7 @@ def build_snapshot(out: Path = CORPUS_DIR) -> dict:
             "compressed_bytes": path.stat().st_size,
             "splits": sizes,
         }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -30,7 +30,7 @@ from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import fingerprint
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.paths import BUILD_DIR, atomic_write_text
 from dvi_lite.safety import load_torch
 
 
@@ -198,7 +198,7 @@ def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(asdict(data), path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
-    path.with_suffix(".json").write_text(json.dumps(data.card, indent=1))
+    atomic_write_text(path.with_suffix(".json"), json.dumps(data.card, indent=1))
     return data
 
 

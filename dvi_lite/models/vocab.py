@@ -30,6 +30,7 @@ from torch import nn
 
 from dvi_lite.core.checks import check_int, is_int
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import load_torch
 
 
@@ -82,7 +83,7 @@ def save_vocab_map(ids: torch.Tensor, model, path: str | Path, card: dict | None
     torch.save(body, tmp)
     os.replace(tmp, path)
     if card is not None:
-        path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+        atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
     return path
 
 

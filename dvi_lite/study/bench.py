@@ -38,6 +38,7 @@ from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
 from dvi_lite.models.corpus import HELDOUT_PROMPTS
 from dvi_lite.models.loading import load_model
+from dvi_lite.paths import atomic_write_text
 
 
 def format_table(results: dict) -> str:
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": settings, "verify_cost": v, "verify_cost_rounds": calib["rounds"],
                 "verify_cost_below_one": calib["below_one"], "machine": machine, "methods": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(body, indent=2) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dvi_lite.commands import prog
 from dvi_lite.measure.provenance import RESULTS_DIR
-from dvi_lite.paths import ROOT
+from dvi_lite.paths import ROOT, atomic_write_text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 README = ROOT / "README.md"
@@ -165,7 +165,7 @@ def update_readme(readme: Path = README, results_dir: Path = RESULTS_DIR) -> Non
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{START}\n{render(results_dir)}\n{END}{tail}")
+    atomic_write_text(readme, f"{head}{START}\n{render(results_dir)}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

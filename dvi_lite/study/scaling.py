@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from dvi_lite.commands import check_outputs, command_line, prog
+    from dvi_lite.paths import atomic_write_text
 
     ap = argparse.ArgumentParser(prog=prog("scaling"), description=__doc__.splitlines()[0])
     ap.add_argument("--bench", required=True, help="a bench results file with the pieces' rows (their c) and v(n)")
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.measure.provenance import provenance
 
         res = {"pieces": rep, "bench": args.bench, "provenance": provenance(command_line("scaling", argv))}
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(res, indent=1) + "\n")
     return 0
 
 

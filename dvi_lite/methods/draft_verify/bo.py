@@ -34,6 +34,7 @@ from dvi_lite.methods.draft_verify.skipset import (
     skip_to_dict,
     skip_to_mask,
 )
+from dvi_lite.paths import atomic_write_text
 
 if TYPE_CHECKING:
     import optuna
@@ -134,7 +135,7 @@ class SearchResult:
     def save(self, path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
         return path
 
     @classmethod

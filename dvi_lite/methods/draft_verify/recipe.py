@@ -40,6 +40,7 @@ from dvi_lite.methods.draft_verify.skipset import (
     uniform_skip,
 )
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import smoke_dir
 
 V_RESULTS = "results/14_smollm2_bf16.json"  # the measured v(n) of SmolLM2 in bf16 on this machine
@@ -255,11 +256,12 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
             "n_sublayers": 2 * summary["n_layers"], "ratio": ch["ratio"], "K": ch["calibration"]["K"],
             "card": card, "provenance": provenance(command), "search": ch["search"]}
     path = out_dir / "skip.json"
-    path.write_text(json.dumps(_jsonable(body), indent=1) + "\n")
+    atomic_write_text(path, json.dumps(_jsonable(body), indent=1) + "\n")
     summary = _jsonable(summary)
     summary["skip_file"] = str(path)
     if summary_path is not None:
-        Path(summary_path).write_text(json.dumps({**summary, "provenance": provenance(command)}, indent=1) + "\n")
+        body = {**summary, "provenance": provenance(command)}
+        atomic_write_text(Path(summary_path), json.dumps(body, indent=1) + "\n")
     return summary
 
 
@@ -319,7 +321,8 @@ def write_results(summary_path: str | Path, bench_paths: list[str | Path], out: 
             "chosen": {k: ch[k] for k in ("ratio", "skip", "calibration", "heldout")},
             "comparison": table, "needed": need, "search": summ, "bench": bench,
             "bench_meta": bench_meta if bench_paths else None}
-    Path(out).write_text(json.dumps(_jsonable(body), separators=(",", ":")) + "\n")  # compact: every trial is kept
+    # compact: every trial is kept
+    atomic_write_text(Path(out), json.dumps(_jsonable(body), separators=(",", ":")) + "\n")
     return body
 
 

@@ -24,6 +24,7 @@ from dvi_lite.methods.draft_verify.recipe import prepare_smollm2
 from dvi_lite.methods.draft_verify.skipset import n_skipped, skip_file, skip_to_dict
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.corpus import make_prompts
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import check_output
 
 # Public names of the search: the engine from `bo` and SmolLM2's recipe from `recipe` are re-exported, so
@@ -66,7 +67,7 @@ def save_search(model, res: SearchResult, path: Path | None = None, **extra) -> 
     body = {"fingerprint": fingerprint(model), "best_skip": skip_to_dict(res.best_skip),
             "best_seconds_per_token": res.best_value, "n_skipped": n_skipped(res.best_skip),
             "n_sublayers": 2 * model.config.num_hidden_layers, **extra, "search": res.to_dict()}
-    path.write_text(json.dumps(body, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(body, indent=2) + "\n")
     return path
 
 

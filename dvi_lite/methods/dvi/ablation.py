@@ -31,7 +31,7 @@ from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.serve import ARMS, RECIPE, arm_config, frozen_model, heldout_before, online_run, save_head
 from dvi_lite.models.teacher import TeacherData
-from dvi_lite.paths import ROOT
+from dvi_lite.paths import ROOT, atomic_write_text
 
 PROG = "python -m dvi_lite.methods.dvi.ablation"
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
         res["cost_model"] = {**cost_model(res, v, row["c"]), "c_source": f"{args.cost_model[1]} (Kangaroo's draft "
                              f"step at k={args.split}, trimmed head: the same layers and head as DVI's)",
                              "v_source": args.cost_model[0], "provenance": provenance(command)}
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(res, indent=2) + "\n")
         return res
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
     res["provenance"] = provenance(command)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(res, indent=2) + "\n")
     return res
 
 

@@ -46,7 +46,8 @@ from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
 from dvi_lite.methods.dvi.policy import TRAINER_FILE
-from dvi_lite.models.artifacts import artifacts_dir, ckpt_path
+from dvi_lite.models.artifacts import artifacts_dir, ckpt_path, save_piece
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import check_output, load_torch
 
 PROG = "python -m dvi_lite dvi"
@@ -230,7 +231,7 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+            atomic_write_text(Path(args.json), json.dumps(res, indent=2) + "\n")
         print(json.dumps({"ranking": res["ranking"], "separated": res["separated"],
                           "summary": {a: s[recipe_metric(res)]["mean"] for a, s in res["summary"].items()}}))
         return res
@@ -251,7 +252,7 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         half = getattr(torch, args.save_dtype)
         b["policy"] = {k: ({n: t.to(half) for n, t in v.items()} if isinstance(v, dict) else v.to(half))
                        for k, v in b["policy"].items()}
-        torch.save(b, out / POLICY_FILE)
+        save_piece(b, out / POLICY_FILE)
         card = stored_form(out, args.save_dtype, args.head_rank)
     print(json.dumps({k: card.get(k) for k in ("stopped", "fast_steps", "tokens_seen", "final", "wall_time_s")}))
     return card
@@ -364,7 +365,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
                     "vocab": args.vocab},
             "provenance": provenance(command, device=runner.device),
             "log": log[:: max(1, len(log) // 100)]}
-    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    atomic_write_text(out / "card.json", json.dumps(card, indent=2) + "\n")
     print(json.dumps({k: card[k] for k in ("split", "fast_steps", "eval_before", "eval_after", "wall_time_s")}))
     return card
 

@@ -31,7 +31,7 @@ import torch
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.paths import BUILD_DIR, atomic_write_text
 
 # the recipe of the committed SmolLM2 head (prepare_smollm2; the ablation's "dvi" arm)
 RECIPE: dict[str, Any] = {"split": 4, "sequences": 36, "max_new_tokens": 64, "K": 6, "vocab": 8192,
@@ -201,7 +201,7 @@ def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str
             "wall_time_s": summary["train_wall_s"], "heldout": summary["heldout"],
             "bytes": f.stat().st_size, "provenance": provenance(command, device=trainer.runner.device)}
     card.update(command=card["provenance"]["command"], commit=card["provenance"]["commit"])
-    (out_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    atomic_write_text(out_dir / "card.json", json.dumps(card, indent=2) + "\n")
     return card
 
 

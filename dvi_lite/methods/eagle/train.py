@@ -41,6 +41,7 @@ from dvi_lite.methods.eagle.ttt import ttt_loss
 from dvi_lite.models.artifacts import ckpt_path, fingerprint
 from dvi_lite.models.teacher import TeacherData, one_pass_steps
 from dvi_lite.models.training import lr_at
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import check_output, load_torch
 
 
@@ -223,7 +224,7 @@ def train_eagle(model, data: TeacherData, cfg: EagleTrainConfig, out_dir: str | 
             "wall_time_s": round(time.time() - t0, 1), "command": command,
             "provenance": provenance(command, dev)}
     card.update(commit=card["provenance"]["commit"], device=card["provenance"]["device"])
-    (out_dir / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "card.json", json.dumps(card, indent=1, default=str) + "\n")
     return head, card
 
 

@@ -30,9 +30,9 @@ from dvi_lite.core.engine import DecodeState, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache, kv_shape
 from dvi_lite.core.runner import Runner, chain_mask
 from dvi_lite.methods.early_exit import EarlyExitDrafter
-from dvi_lite.models.artifacts import artifacts_dir, default_split_for, fingerprint, load_cached
+from dvi_lite.models.artifacts import artifacts_dir, default_split_for, fingerprint, load_cached, save_piece
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import DATA_DIR, atomic_write_text
 from dvi_lite.safety import load_torch
 
 ADAPTER_DIR = DATA_DIR / "kangaroo"
@@ -93,9 +93,9 @@ def trained_vocab(path: Path) -> int | None:
 def save_adapter(adapter: KangarooAdapter, model, path: Path, card: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.half() for k, v in adapter.state_dict().items()}  # small, half precision
-    torch.save({"split": adapter.split, "fingerprint": fingerprint(model), "state": state}, path)
+    save_piece({"split": adapter.split, "fingerprint": fingerprint(model), "state": state}, path)
     if card is not None:
-        path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+        atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
 def load_adapter(model, split: int, path: str | Path | None = None) -> KangarooAdapter:

@@ -32,7 +32,7 @@ from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 from dvi_lite.models.artifacts import fingerprint
 from dvi_lite.models.vocab import TrimmedHead
-from dvi_lite.paths import BUILD_DIR
+from dvi_lite.paths import BUILD_DIR, atomic_write_text
 
 ETAS = (None, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)  # None: no second exit, always K drafts
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                  "verify_cost": b["verify_cost"], "bench_provenance": b["provenance"], "rows": bench_rows(b)}
                 for f in args.bench]
         out["eta_runs"] = {"runs": runs, "provenance": provenance(_command(argv))}
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(out, indent=1) + "\n")
         for run in runs:
             for r in run["rows"]:
                 print(json.dumps(r))
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         out.update({"sweep": {"table": table, "chosen_k": pick["k"], "rule": "max predicted speedup (K=6, best eta)",
                               "v": v, "v_from": args.v_from, "teacher": str(tfile),
                               "provenance": provenance(_command(argv))}})
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        atomic_write_text(Path(args.json), json.dumps(out, indent=1) + "\n")
         if args.pick:
-            Path(args.pick).write_text(f"{pick['k']}\n")
+            atomic_write_text(Path(args.pick), f"{pick['k']}\n")
         return pick
 
     pick = run_or_usage_error(ap, run)

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from dvi_lite.core.checks import check_int
-from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached, save_piece
+from dvi_lite.paths import DATA_DIR, atomic_write_text
 from dvi_lite.safety import load_torch
 
 HEADS_DIR = DATA_DIR / "medusa"
@@ -111,10 +111,10 @@ def save_heads(heads: MedusaHeads, model, path: str | Path = HEADS_PATH, card: d
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.half() for k, v in heads.state_dict().items()}
-    torch.save({"num_heads": heads.num_heads, "norm": heads.use_norm, "shared_lm_head": heads.shared_lm_head,
+    save_piece({"num_heads": heads.num_heads, "norm": heads.use_norm, "shared_lm_head": heads.shared_lm_head,
                 "fingerprint": fingerprint(model), "accuracies": heads.accuracies, "state": state}, path)
     if card is not None:
-        path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+        atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
 def heads_path(model) -> Path:

@@ -24,6 +24,8 @@ from pathlib import Path
 from dvi_lite.commands import add_force, check_outputs
 from dvi_lite.core.checks import check_int, check_real
 from dvi_lite.methods.medusa.trees import expected_accept_length, sparse_tree
+from dvi_lite.models.artifacts import save_piece
+from dvi_lite.paths import atomic_write_text
 from dvi_lite.safety import load_torch
 
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -110,7 +112,6 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
     """Keep the cost model's pick: the heads file keeps its first `pick["heads"]` heads (their accuracies too), the
     card says so, and the model's defaults.json gets the tree ("medusa": K, branch, the node paths), which
     `medusa.make_drafter` uses when no tree is given. Returns the defaults entry."""
-    import torch
 
     ck = load_torch(heads_file, "Medusa heads file", keys=("num_heads", "state"))
     h = pick["heads"]
@@ -119,17 +120,17 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
     ck["state"] = {k: v for k, v in ck["state"].items() if not k.startswith("blocks.")
                    or int(k.split(".")[1]) < h}
     ck["num_heads"], ck["accuracies"] = h, (ck.get("accuracies") or [])[:h] or None
-    torch.save(ck, heads_file)
+    save_piece(ck, heads_file)
     card_file = heads_file.with_suffix(".json")
     card = json.loads(card_file.read_text())
     card["stored_heads"] = h
     card["sizing"] = {k: pick[k] for k in ("heads", "nodes", "tau_model", "cost", "predicted_speedup")} | {
         "result": result, "why": "the cost model's pick (medusa-sizing): the heads beyond it are not stored"}
-    card_file.write_text(json.dumps(card, indent=2) + "\n")
+    atomic_write_text(card_file, json.dumps(card, indent=2) + "\n")
     entry = {"K": h, "branch": 1 + max(max(p) for p in pick["paths"]), "tree": pick["paths"],
              "why": f"medusa-sizing's pick ({result})"}
     d = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
-    defaults_file.write_text(json.dumps(d | {"medusa": entry}, indent=2) + "\n")
+    atomic_write_text(defaults_file, json.dumps(d | {"medusa": entry}, indent=2) + "\n")
     return entry
 
 

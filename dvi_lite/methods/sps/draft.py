@@ -32,6 +32,7 @@ from dvi_lite.core.checks import check_int
 from dvi_lite.models.artifacts import artifacts_dir, fingerprint, load_cached, read_piece
 from dvi_lite.models.loading import DRAFT_MODEL, load_draft_model
 from dvi_lite.models.vocab import check_ids
+from dvi_lite.paths import atomic_write_text
 
 DRAFT_FILE = "draft.pt"  # the draft's own weights (layers + norm, fp16), its config and its vocabulary map
 CARD_FILE = "card.json"
@@ -131,7 +132,7 @@ def save_draft(draft: PreTrainedModel, target: PreTrainedModel, out_dir: str | P
     torch.save(draft_body(draft, target), tmp)
     os.replace(tmp, out / DRAFT_FILE)
     if card is not None:
-        (out / CARD_FILE).write_text(json.dumps(card, indent=1) + "\n")
+        atomic_write_text(out / CARD_FILE, json.dumps(card, indent=1) + "\n")
     return out / DRAFT_FILE
 
 
