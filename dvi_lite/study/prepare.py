@@ -168,8 +168,7 @@ def prepare(model_path: str | None, cfg: PrepareConfig, force: bool = False, com
         dv.save_search(model, res, todo["draft_verify skip set"], provenance=provenance(command))
     if "dvi head" in todo:
         dvi.main(["--model", str(model_path), "--split", str(split), "--steps", str(cfg.dvi_steps),
-                  "--out", str(todo["dvi head"].parent), "--seed", str(cfg.seed), "--eval-prompts", "0",
-                  "--ckpt-dir", str(artifacts_dir(model).parent / f"ckpt_{fingerprint(model)}_dvi")]
+                  "--out", str(todo["dvi head"].parent), "--seed", str(cfg.seed), "--eval-prompts", "0"]
                  + (["--force"] if force else []))  # the course model's committed policy: only when forced
     if "eagle head" in todo:  # the teacher-set recipe (eagle/recipe.py), as `eagle-train --model course` runs it
         eagle_recipe(Loaded(model, tok, str(model_path)), todo["eagle head"].parent, command,

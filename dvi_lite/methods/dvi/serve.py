@@ -31,7 +31,8 @@ import torch
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
-from dvi_lite.paths import BUILD_DIR, atomic_write_text
+from dvi_lite.models.artifacts import ckpt_path
+from dvi_lite.paths import atomic_write_text
 
 # the recipe of the committed SmolLM2 head (prepare_smollm2; the ablation's "dvi" arm)
 RECIPE: dict[str, Any] = {"split": 4, "sequences": 36, "max_new_tokens": 64, "K": 6, "vocab": 8192,
@@ -208,8 +209,8 @@ def save_head(trainer: OnlineTrainer, summary: dict, out_dir: Path, command: str
 def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = False) -> dict:
     """Regenerate the committed DVI head by the recipe: the "dvi" arm over the stream, saved (bf16) with a
     card to out_dir/dvi/ (out_dir: the artifacts folder, data/smollm2 for SmolLM2). smoke: a few tiny
-    sequences (seconds; CI on the course model). Checkpoints in build/ckpt/dvi_smollm2_k<split>: a killed
-    run resumes where it stopped. Returns the card."""
+    sequences (seconds; CI on the course model). Checkpoints under build/ckpt/, keyed by the model's fingerprint and
+    the recipe (artifacts.ckpt_path): a killed run resumes where it stopped. Returns the card."""
     from dvi_lite.models.loading import bf16_is_fast, default_device, load_once, model_name
 
     recipe = {**RECIPE, **SMOKE} if smoke else dict(RECIPE)
@@ -218,7 +219,8 @@ def prepare_smollm2(model_path: str, out_dir: Path, command: str, smoke: bool = 
     n_layers = len(model.model.layers)
     split = min(recipe["split"], n_layers - 1)
     cfg = arm_config("dvi", split=split)
-    ckpt = None if smoke else BUILD_DIR / "ckpt" / f"dvi_smollm2_k{split}"  # a killed run resumes from here
+    ckpt = None if smoke else ckpt_path(f"dvi_online_k{split}", model, {"recipe": recipe, "config": cfg.to_dict()},
+                                        suffix="")  # a killed run of this model and recipe resumes from here
     try:
         trainer, summary = online_run(model, tok, cfg, recipe, ckpt_dir=ckpt, resume=True, progress=not smoke)
     except ValueError as e:  # a checkpoint of another recipe: start fresh
