@@ -30,8 +30,9 @@ from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.serve import ARMS, RECIPE, arm_config, frozen_model, heldout_before, online_run, save_head
+from dvi_lite.models.artifacts import ckpt_path
 from dvi_lite.models.teacher import TeacherData
-from dvi_lite.paths import ROOT, atomic_write_text
+from dvi_lite.paths import atomic_write_text
 
 PROG = "python -m dvi_lite.methods.dvi.ablation"
 
@@ -52,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-tokens", type=int, default=RECIPE["eval_tokens"])
     ap.add_argument("--json", default=None, help="write the results here (e.g. results/15_dvi_smollm2.json)")
     ap.add_argument("--save-head", default=None, help="save the dvi arm's head (bf16) + card here")
-    ap.add_argument("--ckpt-dir", default=str(ROOT / "build" / "ckpt" / "dvi_ablation"))
+    ap.add_argument("--ckpt-dir", default=None,
+                    help="checkpoints per arm (default: under build/ckpt/, keyed by the model and the recipe)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--cost-model", nargs=2, metavar=("V_JSON", "C_JSON"), default=None,
                     help="only add the cost model's verdict to --json: v(n) from V_JSON's verify_cost (a bench "
@@ -111,10 +113,11 @@ def run(args: argparse.Namespace, command: str) -> dict:
                    "greedy tau / alpha on held-out bench questions",
            "model": args.model, "dtype": args.dtype, "recipe": recipe, "arms_changes": {a: ARMS[a] for a in arms},
            "heldout_before": heldout_before(model, tok, base, recipe), "arms": {}}
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else ckpt_path("dvi_ablation", model, recipe, suffix="")
     for arm in arms:
         cfg = arm_config(arm, split=args.split, **over)
-        trainer, summary = online_run(model, tok, cfg, recipe, arm, out=Path(args.ckpt_dir),
-                                      ckpt_dir=Path(args.ckpt_dir) / arm, resume=args.resume)
+        trainer, summary = online_run(model, tok, cfg, recipe, arm, out=ckpt_dir, ckpt_dir=ckpt_dir / arm,
+                                      resume=args.resume)
         res["arms"][arm] = summary
         if arm == "dvi" and args.save_head:
             save_head(trainer, summary, Path(args.save_head), command, recipe)
