@@ -88,7 +88,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                bad_line=str(root / "bad_line.jsonl"), no_prompt=str(root / "no_prompt.jsonl"),
                empty_jsonl=str(root / "empty.jsonl"), fake_xz=str(root / "fake.jsonl.xz"), root=str(root),
                **{name: str(root / name) for name in ("garbage_policy", "truncated_policy", "medusa_as_policy",
-                                                      "smollm2_policy", "adapter_text.pt")})
+                                                      "smollm2_policy")}, adapter_text=str(root / "adapter_text.pt"))
     shutil.copy(root / "fake.xz", out["fake_xz"])
     return out
 
@@ -161,7 +161,7 @@ CLI = [
     ("piece file", G + ["--method", "dvi:state={truncated_policy}"], 2, ["policy.pt", "not a readable"]),
     ("piece file", G + ["--method", "dvi:state={medusa_as_policy}"], 2, ["policy.pt", "is not a"]),
     ("piece file", G + ["--method", "dvi:state={smollm2_policy}"], 2, ["policy.pt"]),
-    ("piece file", ["kangaroo-train", "--teacher", "{adapter_text.pt}", "--steps", "1", "--out", "{root}/k.pt"], 2,
+    ("piece file", ["kangaroo-train", "--teacher", "{adapter_text}", "--steps", "1", "--out", "{root}/k.pt"], 2,
      ["adapter_text.pt", "not a readable"]),
     ("output path", B + ["--json", "/proc/x.json"], 2, ["--json /proc/x.json", "cannot write there"]),
     ("output path", B + ["--json", "{root}"], 2, ["is a folder", "give the path of a file"]),
