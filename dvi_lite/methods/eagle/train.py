@@ -314,12 +314,15 @@ def main(argv: list[str] | None = None) -> int:
             if fixed:
                 raise ValueError(f"{', '.join(fixed)}: set by the teacher-set recipe (methods/eagle/recipe.py) "
                                  "on this model; they apply with --data (a self-distillation set)")
-            from dvi_lite.methods.eagle.recipe import prepare_model
+            import importlib
+
             from dvi_lite.models.artifacts import artifacts_dir
             from dvi_lite.models.loading import Loaded, load_model
 
             model, tok = load_model(args.model, dtype="float32")
             out = args.out or artifacts_dir(model) / "eagle"
+            # recipe.py builds on this module: the command reaches it by name, as the table of commands does
+            prepare_model = importlib.import_module("dvi_lite.methods.eagle.recipe").prepare_model
             return prepare_model(Loaded(model, tok, args.model), out, command_line("eagle-train", argv),
                                  max_minutes=args.max_minutes, resume=not args.no_resume,
                                  steps=None if args.steps == EagleTrainConfig.steps else args.steps)
