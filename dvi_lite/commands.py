@@ -53,6 +53,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                             "search Draft & Verify's skip set by Bayesian optimisation"),
     "curve-tau": ("dvi_lite.study.curves:main",
                   "decode held-out questions with every learning-curve snapshot of a piece: tau and alpha"),
+    "runtimes": ("dvi_lite.study.runtimes:main",
+                 "AR on the hf, lean and int8 runtimes (paired), t(n) = a + b n on each, and int8's logit error"),
     "scaling": ("dvi_lite.study.scaling:main",
                 "each piece's learning curve fitted, beside the acceptance the cost model needs for a speedup"),
     "tree-attention": ("dvi_lite.methods.medusa.tree_attention_check:main",

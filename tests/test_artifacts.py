@@ -37,8 +37,15 @@ def other_model(tmp_path, monkeypatch):
     return str(tmp_path / "m")
 
 
+@pytest.mark.slow
 def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model, tmp_path):
+    """User story 4 in miniature: prepare a new model (each piece once, into its own folder), every method finds
+    its piece and stays lossless, then the study notebook (every method) runs on it."""
+    import nbformat
+    import papermill as pm
+
     from dvi_lite.study.prepare import PrepareConfig, prepare
+    from dvi_lite.study.reproduce import NOTEBOOKS_DIR
 
     pieces = prepare(other_model, PrepareConfig.smoke())
     model, tok = dvi_lite.load_model(other_model)
@@ -54,6 +61,14 @@ def test_prepare_trains_every_piece_once_into_the_models_own_folder(other_model,
                        ("eagle", {"tree": "chain"})]:
         out = dvi_lite.generate(model, tok, "def f(x):", method=method, max_new_tokens=12, stop_at_eos=False, **kw)
         assert out.token_ids == ar, method
+    out = tmp_path / "08.ipynb"
+    pm.execute_notebook(str(NOTEBOOKS_DIR / "08_results.ipynb"), str(out), kernel_name="python3",
+                        parameters={"MODE": "smoke", "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR),
+                        progress_bar=False)
+    done = nbformat.read(out, as_version=4)
+    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
 
 
 @pytest.fixture()
@@ -105,26 +120,6 @@ def test_course_model_needs_no_preparation(capsys):
     pieces = prepare(None, PrepareConfig.smoke())
     assert "nothing to train" in capsys.readouterr().out
     assert pieces["kangaroo adapter"].endswith("data/kangaroo/adapter_k2.pt")
-
-
-@pytest.mark.slow
-def test_results_notebook_runs_on_another_prepared_model(other_model, tmp_path):
-    """User story 4 in miniature: prepare a new model, then the study notebook (every method) runs on it."""
-    import nbformat
-    import papermill as pm
-
-    from dvi_lite.study.prepare import PrepareConfig, prepare
-    from dvi_lite.study.reproduce import NOTEBOOKS_DIR
-
-    prepare(other_model, PrepareConfig.smoke())
-    out = tmp_path / "06.ipynb"
-    pm.execute_notebook(str(NOTEBOOKS_DIR / "08_results.ipynb"), str(out), kernel_name="python3",
-                        parameters={"MODE": "smoke", "MODEL_PATH": other_model}, cwd=str(NOTEBOOKS_DIR),
-                        progress_bar=False)
-    done = nbformat.read(out, as_version=4)
-    errors = [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
 
 
 def test_fingerprint_names_the_weights_not_their_dtype():

@@ -191,7 +191,7 @@ def test_the_token_record_is_resumed_and_states_are_rebuilt_from_it(built, tmp_p
     record = tmp_path / "record"
     card = dd.build(model, tok, replace(tiny(1), states=False), tmp_path / "unused", record=record)
     assert card["shards"] == 1 and not (tmp_path / "unused").exists()
-    assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json.gz", "shard_00000.npz"]
+    assert sorted(p.name for p in record.iterdir()) == ["card.json", "shard_00000.json.xz", "shard_00000.npz"]
     full = load_file(str(folder / "shard_00000.safetensors"))
     rows, plen = rec.read_record(record, "shard_00000", whole=False)
     assert [x for r in rows for x in r] == full["ids"].tolist() and torch.equal(plen, full["prompt_len"])
@@ -279,7 +279,7 @@ def test_the_committed_record_is_whole():
     card = json.loads((record / "card.json").read_text())
     metas = rec.shard_metas(record)
     assert [m["shard"] for m in metas] == list(range(card["shards"]))
-    assert not list(record.glob("shard_*.json"))  # the committed JSONs are gzipped
+    assert not list(record.glob("shard_*.json"))  # the committed JSONs are compressed (xz)
     assert sum(m["answer_tokens"] for m in metas) == card["answer_tokens"]
     for m in metas:
         rows, plen = rec.read_record(record, f"shard_{m['shard']:05d}")

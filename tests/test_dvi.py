@@ -106,6 +106,26 @@ def test_training_improves_draft_and_stays_lossless(deep_model):
         check_greedy_equals_ar(deep_model, tr.policy, threshold)
 
 
+def test_the_merged_inference_copy_drafts_what_the_policy_drafts(deep_model):
+    """MergedExit (lora_S merged, the model's dtype) computes the trained policy's logits: fp32 to rounding, and
+    in bf16 the same top-1 nearly always; a learning drafter keeps drafting through the policy itself."""
+    from dvi_lite.methods.dvi.merged import MergedExit
+
+    tr = trainer(deep_model, cfg=dict(lr=3e-3), warmup=0)
+    tr.train(6)
+    pol = tr.policy
+    h = torch.randn(1, 20, deep_model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = pol(h)  # (1, 20, V) float32
+        got = MergedExit(pol, torch.float32).logits(h, deep_model.lm_head, None)
+        assert (got - want).abs().max().item() < 1e-4
+        head16 = copy.deepcopy(deep_model.lm_head).to(torch.bfloat16)
+        half = MergedExit(pol, torch.bfloat16).logits(h.bfloat16(), head16, None)
+        assert (half.float().argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+    assert DVIDrafter(Runner.for_model(deep_model), pol, collect=True).merged is None
+    assert DVIDrafter(Runner.for_model(deep_model), pol).merged is not None
+
+
 def test_feedback_records_tested_drafts_with_verifier_logits(deep_model):
     runner = Runner(deep_model)
     drafter = DVIDrafter(runner, DVIPolicy(deep_model, 2), K=4, collect=True)

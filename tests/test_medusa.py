@@ -65,7 +65,8 @@ CONFIGS = [dict(tree="cartesian", branch=2), dict(tree="cartesian", branch=3, K=
            dict(tree="pruned", threshold=0.2), dict(tree="pruned", threshold=0.05, prune="path", max_nodes=8),
            dict(tree="pruned", threshold=0.3, prune="entropy"),
            dict(tree="sparse", branch=3, accuracies=ACC3, max_nodes=6),
-           dict(tree=[(0,), (1,), (0, 0), (0, 0, 0)], branch=2)]
+           dict(tree=[(0,), (1,), (0, 0), (0, 0, 0)], branch=2),
+           dict(tree="cartesian", branch=2, vocab=list(range(40)))]  # a trimmed draft head: ids 0..39 only
 
 
 @pytest.mark.parametrize("name", ["deep_model", "target"])

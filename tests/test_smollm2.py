@@ -124,7 +124,7 @@ def test_loads_by_name_in_both_dtypes(fp32):
 @pytest.mark.slow
 def test_ar_equals_hf_generate_on_spec_bench(fp32):
     """The real-model reference (helpers.smollm2_reference: Spec-Bench dev questions from all six task groups,
-    our AR's 32 greedy tokens each, chat template) is HF generate's, and our prompt ids are the template's."""
+    our AR's SMOLLM2_NEW greedy tokens each, chat template) is HF generate's, and our prompt ids are the template's."""
     from helpers import smollm2_reference
 
     model, tok = fp32

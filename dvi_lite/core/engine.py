@@ -255,8 +255,8 @@ def verify_step(state: DecodeState, prop: Proposal) -> Outcome:
             n, nxt = verify_sampling_chain(prop.tokens, prop.q, sampler.probs(logits), state.gen)
         path = list(range(n))
     else:
-        p = logits if sampler.greedy else sampler.probs(logits)
-        path, nxt = verify_tree(prop.tokens, prop.parents, p, prop.q, sampler.greedy, state.gen)
+        path, nxt = verify_tree(prop.tokens, prop.parents, logits, prop.q, sampler.greedy, state.gen,
+                                probs=None if sampler.greedy else sampler.probs)  # only visited rows normalised
     if prop.parents is None:  # a chain keeps a prefix: O(1) rollback, a slice instead of a gather
         cache.crop(past + 1 + len(path))
         kept = h[:, : 1 + len(path)]

@@ -143,6 +143,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                    choices=("sdpa", "triton")),
             Option("acceptance", "exact", "exact (lossless) or typical (Medusa's LOSSY rule when sampling)",
                    "choice", choices=("exact", "typical")),
+            Option("vocab", None, "trimmed draft head (FR-Spec): None = the committed heads' map in the model's "
+                   "defaults.json (the full vocabulary if none); 'full'; an int N = the N tokens most frequent on the "
+                   "corpus; or a saved map's file (verification keeps the full head)"),
             Option("typical_epsilon", 0.09, "typical acceptance: p(x) > min(epsilon, delta exp(-H(p)))", "prob"),
             Option("typical_delta", 0.3, "typical acceptance: the entropy-scaled bar's factor delta", "real", low=0)),
            paper="Cai et al. 2024"),

@@ -14,6 +14,7 @@ computes q, k, v, the rotary embedding and the output projection. Chains use sdp
 from __future__ import annotations
 
 import importlib
+import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -140,6 +141,11 @@ class Runner:
         self.model = model
         self.attention = attention
         base = model.model
+        if model.lm_head.weight.device.type == "cpu":
+            # HF repeats K and V for every query head whenever a mask is given (every verify of n >= 2) unless told
+            # that sdpa takes GQA masked: it does on CPU, with bit-identical logits. Read by transformers per call;
+            # a value the user set is kept. (On CUDA masked GQA would fall back to sdpa's math kernel: not set.)
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
         self.embed_tokens = base.embed_tokens
         self.layers = base.layers
         self.norm = base.norm

@@ -14,6 +14,8 @@ previous ones did not already cover. A chain is the tree where every node has on
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from dvi_lite.core.sampling import sample
@@ -24,6 +26,14 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = torch.clamp(p - q, min=0)
     s = r.sum()
     return r / s if s > 0 else p  # s == 0 only through rounding (rejection then had probability ~0)
+
+
+def _without(p: torch.Tensor, token: int) -> torch.Tensor:
+    """residual(p, one-hot(token)) without building the one-hot: p with `token` zeroed, renormalised. (V,)"""
+    r = p.clone()
+    r[token] = 0
+    s = r.sum()
+    return r / s if s > 0 else p
 
 
 def first_token_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -63,13 +73,16 @@ def verify_sampling_chain(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 
 
 def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
-                greedy: bool, gen: torch.Generator | None = None) -> tuple[list[int], int]:
+                greedy: bool, gen: torch.Generator | None = None,
+                probs: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[list[int], int]:
     """Longest accepted root-to-leaf path in a candidate tree, and the token after it.
 
     tokens (N,), parents (N,) with parents[i] < i and -1 for children of the last committed token;
     p (N+1, V): target distribution at the root (row 0) and after each node (row i+1), or logits
     when greedy; q (N, V): the distribution node i was drawn from given its parent, or None for
     deterministic candidates (top-k picks: q is then a point mass on the token).
+    probs: when sampling, p may hold the logits instead and `probs` (the sampler's) turns a row into the target
+    law when the walk visits it: a path visits depth + 1 of the N + 1 rows, so the rest are never normalised.
     Returns (accepted node indices along the path, next token).
     """
     children: dict[int, list[int]] = {}
@@ -86,7 +99,7 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, q:
             if nxt is None:
                 return path, best
         else:
-            target = p[node + 1]
+            target = p[node + 1] if probs is None else probs(p[node + 1])
             nxt = None
             for c in kids:
                 qc = q[c] if q is not None else None
@@ -94,10 +107,10 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, q:
                 if float(torch.rand((), generator=gen, device=p.device)) < float(ratio):
                     nxt = c
                     break
-                if qc is None:  # point mass: residual = target with that token removed
-                    qc = torch.zeros_like(target)
-                    qc[tok[c]] = 1.0
-                target = residual(target, qc)
+                if qc is None:  # point mass: residual = target with that token removed, renormalised
+                    target = _without(target, tok[c])
+                else:
+                    target = residual(target, qc)
             if nxt is None:
                 return path, sample(target, gen)
         path.append(nxt)

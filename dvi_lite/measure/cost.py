@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 import torch
 
 from dvi_lite.core.checks import check_int, check_real
+from dvi_lite.core.lean import runtime_of
 from dvi_lite.core.runner import Runner
 
 NS = (1, 2, 3, 5, 9, 17)  # n new tokens: AR, then K + 1 for the usual draft lengths
@@ -201,7 +202,9 @@ def c_needed(target: float, alpha: float, v, k_max: int = 8) -> float | None:
 def weight_bytes(model) -> int:
     """Bytes of weights one decoding forward reads: every parameter once (tied ones once), except an untied input
     embedding, of which a forward reads only the rows of its tokens. Divided by the time per AR token it gives the
-    bandwidth AR achieves, to set against `memory_bandwidth`."""
+    bandwidth AR achieves, to set against `memory_bandwidth`. On the lean or int8 runtime: its packed weights."""
+    if runtime_of(model) != "hf":
+        return Runner.for_model(model).streamed_bytes()
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (head is None or emb.weight is not head.weight):

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from dvi_lite.core.checks import RENAMED, reject_renamed
 from dvi_lite.core.engine import acceptance_rate, position_acceptance
 from dvi_lite.core.generate import generate
+from dvi_lite.core.lean import RUNTIMES, runtime_of, use_runtime
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost, paired
 from dvi_lite.measure.summary import summarise
@@ -81,9 +82,25 @@ def new_sums() -> dict:
             "peak_mem_bytes": None}
 
 
+def split_runtime(label: str) -> tuple[str, str | None]:
+    """("ar", "lean") from "ar@lean": a bench label may name the runtime it runs on (core.lean.RUNTIMES)."""
+    base, _, runtime = label.partition("@")
+    if runtime and runtime not in RUNTIMES:
+        raise ValueError(f"{label!r}: the runtime after '@' must be one of {list(RUNTIMES)}, got {runtime!r}")
+    return base, runtime or None
+
+
 def run_one(model, tok, rec: dict, i: int, method: str, max_new_tokens: int, temperature: float, top_p: float,
-            seed: int, options: dict):
-    """One timed generation of prompt `rec` (the i-th; its seed is seed + i), with CUDA's peak memory if any."""
+            seed: int, options: dict, runtime: str | None = None):
+    """One timed generation of prompt `rec` (the i-th; its seed is seed + i), with CUDA's peak memory if any.
+    runtime: serve the target on it for this generation only (None: as the model is served)."""
+    if runtime is not None:
+        was = runtime_of(model)
+        use_runtime(model, runtime)
+        try:
+            return run_one(model, tok, rec, i, method, max_new_tokens, temperature, top_p, seed, options)
+        finally:
+            use_runtime(model, was)
     dev = next(model.parameters()).device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -119,11 +136,12 @@ def add_run(agg: dict, rec: dict, res, peak: int | None) -> None:
 
 
 def run_method(model, tok, prompts: list[dict], method: str, max_new_tokens: int, temperature: float,
-               top_p: float, seed: int, options: dict) -> dict:
+               top_p: float, seed: int, options: dict, runtime: str | None = None) -> dict:
     """All prompts once, one method: the round sums of `add_run`."""
     agg = new_sums()
     for i, rec in enumerate(prompts):
-        add_run(agg, rec, *run_one(model, tok, rec, i, method, max_new_tokens, temperature, top_p, seed, options))
+        add_run(agg, rec, *run_one(model, tok, rec, i, method, max_new_tokens, temperature, top_p, seed, options,
+                                   runtime))
     return agg
 
 
@@ -152,9 +170,10 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
     options = options or {}
     spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
     for m in methods:
-        name, opts = parse_spec(m)
+        base, runtime = split_runtime(m)
+        name, opts = parse_spec(base)
         check_method(name)
-        spec[m] = (name, {**options.get(name, {}), **(options.get(m, {}) if m != name else {}), **opts})
+        spec[m] = (name, {**options.get(name, {}), **(options.get(m, {}) if m != name else {}), **opts}, runtime)
     for m in methods:  # warm-up (also builds drafters' caches, loads draft models)
         for _ in range(warmup):
             run_method(model, tok, prompts[:1], *_args(spec[m], max_new_tokens, temperature, top_p, seed))
@@ -186,9 +205,9 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
     return summarise(rounds, len(prompts), v, groups=[p.get("domain", "all") for p in prompts])
 
 
-def _args(spec: tuple[str, dict], max_new_tokens, temperature, top_p, seed) -> tuple:
-    name, opts = spec
-    return name, max_new_tokens, temperature, top_p, seed, opts
+def _args(spec: tuple[str, dict, str | None], max_new_tokens, temperature, top_p, seed) -> tuple:
+    name, opts, runtime = spec
+    return name, max_new_tokens, temperature, top_p, seed, opts, runtime
 
 
 def decode_counts(model, tok, prompts: list[dict], method: str, max_new_tokens: int, options: dict) -> dict:

@@ -30,10 +30,11 @@ from pathlib import Path
 from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.generate import generate
+from dvi_lite.core.lean import RUNTIMES, runtime_of, use_runtime
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost
 from dvi_lite.measure.provenance import provenance
-from dvi_lite.measure.timing import TIMING, bench, check_method, parse_spec
+from dvi_lite.measure.timing import TIMING, bench, check_method, parse_spec, split_runtime
 from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
 from dvi_lite.models.corpus import HELDOUT_PROMPTS
@@ -114,6 +115,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 on CPU)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--runtime", choices=RUNTIMES, default="hf",
+                    help="the target's forward: hf (its own modules, the reference), lean (our packed forward) or "
+                         "int8 (lean with int8 weights); a label may override it: ar@lean")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", action=argparse.BooleanOptionalAction, default=None,
                     help="measure the memory bandwidth (a copy and a sum of 512 MiB; default: on with --json)")
@@ -132,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         if not methods:
             raise ValueError("--methods: give at least one method")
         for m in methods:
-            check_method(parse_spec(m)[0])
+            check_method(parse_spec(split_runtime(m)[0])[0])
         for name in ("repeats", "max_new_tokens", "n_prompts", "K"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         records = specbench.read_prompts(args.prompts) if args.prompts else None  # a bad file fails before loading
         model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+        use_runtime(model, args.runtime)  # an unsupported checkpoint: a ValueError naming what is supported
         chat = has_chat_template(tok)
         path = args.prompts or (specbench.SPEC_BENCH_DEV if chat else HELDOUT_PROMPTS)
         records = records or specbench.read_prompts(path)
@@ -155,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as e:
         ap.error(str(e))
     machine = {"copy_GBps": None, "read_GBps": None, **machine, "weight_bytes": cost.weight_bytes(model)}
-    for m in ("ar", "hf"):  # one token = one forward = the weights read once
-        if m in results:
-            results[m]["weights_GBps_at_ar"] = machine["weight_bytes"] * results[m]["tokens_per_s"] / 1e9
+    streaming(model, results, args.runtime, machine.get("read_GBps"))
     machine["weights_GBps_at_ar"] = results.get("ar", {}).get("weights_GBps_at_ar")
     print(format_table(results))
     print("v(n): " + ", ".join(f"{n}: {x:.2f}" for n, x in v.items()) + f" (context {ctx}, median of "
@@ -178,6 +181,23 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def streaming(model, results: dict, runtime: str, read_GBps: float | None) -> None:
+    """For AR (on each runtime a label names) and HF generate: the weight bytes one token reads, the bandwidth
+    that reaches at the measured rate, and the share of a decode step that streaming them takes at the machine's
+    read bandwidth (the rest is everything else: per-op overhead, attention, norms)."""
+    for m, r in results.items():
+        base, rt = split_runtime(m)
+        if base not in ("ar", "hf"):
+            continue
+        was = runtime_of(model)
+        use_runtime(model, "hf" if base == "hf" else rt or runtime)
+        wb = cost.weight_bytes(model)  # one token = one forward = the weights read once
+        use_runtime(model, was)
+        r.update(weight_bytes=wb, weights_GBps_at_ar=wb * r["tokens_per_s"] / 1e9,
+                 streaming_share=wb / (read_GBps * 1e9) * r["decode_tokens_per_s"]
+                 if read_GBps and r.get("decode_tokens_per_s") else None)
 
 
 def spread(prompts: list[dict], n: int) -> list[dict]:

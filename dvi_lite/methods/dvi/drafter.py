@@ -20,6 +20,7 @@ from dvi_lite.core.checks import check_split, reject_renamed
 from dvi_lite.core.engine import DecodeState, Outcome, acceptance_rate
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
+from dvi_lite.methods.dvi.merged import MergedExit
 from dvi_lite.methods.dvi.policy import DVIPolicy, load_policy
 from dvi_lite.methods.early_exit import EarlyExitDrafter
 from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
@@ -46,8 +47,13 @@ class DVIDrafter(EarlyExitDrafter):
         self.policy = policy
         self.collect = collect
         self._pending: list[tuple[torch.Tensor, ...]] = []
+        # drafting only: the policy merged into the model's dtype (a snapshot); a learning drafter uses the policy
+        self.merged = None if collect else MergedExit(policy, runner.lm_head.weight.dtype)
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.merged is not None:
+            logits = self.merged.logits(h, self.runner.lm_head, self.vocab)  # (1, n, N) or (1, n, V)
+            return logits if self.vocab is None else self.vocab.expand(logits)
         if self.vocab is None:
             return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
         small = self.policy.logits(h, self.vocab)  # (1, n, N)

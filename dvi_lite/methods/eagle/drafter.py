@@ -173,14 +173,12 @@ class EagleDrafter(Drafter):
         def add_children(parent: int, lg: torch.Tensor, base_score: float, d: int) -> list[int]:
             lp = lg.float().log_softmax(-1)  # (N,), T = 1: the draft's own confidence ranks the tree
             vals, idx = lp.topk(min(b, lp.numel()))
-            new = []
-            for v, i in zip(vals.tolist(), idx.tolist(), strict=True):
-                tok.append(int(head.ids[i]))
-                par.append(parent)
-                score.append(base_score + v)
-                dep.append(d)
-                new.append(len(tok) - 1)
-            return new
+            start = len(tok)
+            tok.extend(head.ids[idx].tolist())  # one conversion for all b children
+            score.extend(base_score + v for v in vals.tolist())
+            par.extend([parent] * len(idx))
+            dep.extend([d] * len(idx))
+            return list(range(start, len(tok)))
 
         frontier = add_children(-1, logits, 0.0, 0)
         for d in range(1, depth):
@@ -189,14 +187,18 @@ class EagleDrafter(Drafter):
             feat = torch.cat([g if par[i] < 0 else out_g[par[i]] for i in grow], 1)  # (1, m, D)
             ids = torch.tensor([[tok[i] for i in grow]], device=dev)  # (1, m)
             pos = torch.full((1, len(grow)), self.base + d - 1, device=dev)  # depth-(d-1) nodes' position
-            mask = torch.zeros(1, 1, len(grow), past + len(grow), dtype=torch.bool, device=dev)
-            mask[..., : self.base] = True  # every committed input
+            rows, cols = [], []  # (row, column) of every True outside the committed inputs: one write below
             for r, i in enumerate(grow):
-                mask[0, 0, r, past + r] = True  # itself
+                rows.append(r)
+                cols.append(past + r)  # itself
                 a = par[i]
                 while a >= 0:  # its expanded ancestors' draft positions
-                    mask[0, 0, r, slot[a]] = True
+                    rows.append(r)
+                    cols.append(slot[a])
                     a = par[a]
+            mask = torch.zeros(1, 1, len(grow), past + len(grow), dtype=torch.bool, device=dev)
+            mask[..., : self.base] = True  # every committed input
+            mask[0, 0, rows, cols] = True
             outs, lgs = head.step(feat, ids, pos, self.cache, mask)  # (1, m, D), (1, m, N)
             frontier = []
             for r, i in enumerate(grow):
@@ -216,7 +218,8 @@ class EagleDrafter(Drafter):
         self.cache.crop(self.base)  # drop the draft positions: the real features of the kept ones are known now
         prop = outcome.proposal
         self.todo_f.append(self._fused(outcome.features))  # (1, n+1, D): F at the pending token + accepted path
-        self.todo_t += [int(prop.tokens[i]) for i in outcome.path] + [outcome.next_token]
+        toks = prop.tokens.tolist()
+        self.todo_t += [toks[i] for i in outcome.path] + [outcome.next_token]
         self.log.append({"drafted": len(prop), "accepted": outcome.n_accepted})
 
 

@@ -43,6 +43,7 @@ from dvi_lite.methods.medusa.trees import (
 )
 from dvi_lite.methods.medusa.typical import ACCEPTANCE, TYPICAL_DELTA, TYPICAL_EPSILON, typical_accept
 from dvi_lite.models.artifacts import fingerprint, model_defaults
+from dvi_lite.models.vocab import TrimmedHead, resolve_vocab
 
 DEFAULT_MAX_NODES = 16  # the node budget of a pruned or sparse tree when none is given
 
@@ -80,8 +81,9 @@ class MedusaDrafter(Drafter):
                  tree: str | Sequence[Sequence[int]] = "pruned", threshold: float | None = None,
                  max_nodes: int | None = None, prune: str = "confidence",
                  accuracies: Sequence[Sequence[float]] | None = None, acceptance: str = "exact",
-                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA):
-        self.runner, self.heads = runner, heads
+                 typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA,
+                 vocab: TrimmedHead | None = None):
+        self.runner, self.heads, self.vocab = runner, heads, vocab
         self.acceptance = check_choice("acceptance", acceptance, ACCEPTANCE)
         self.typical_epsilon = check_prob("typical_epsilon", typical_epsilon)
         self.typical_delta = check_real("typical_delta", typical_delta, 0.0)
@@ -94,8 +96,10 @@ class MedusaDrafter(Drafter):
         validate_tree_args(K, branch)
         if K > heads.num_heads:
             raise ValueError(f"K={K} but the heads have only {heads.num_heads}")
-        if branch > heads.vocab_size:
-            raise ValueError(f"branch={branch} exceeds the vocabulary ({heads.vocab_size} tokens)")
+        n_vocab = heads.vocab_size if vocab is None else len(vocab)
+        if branch > n_vocab:
+            raise ValueError(f"branch={branch} exceeds the vocabulary ({n_vocab} tokens"
+                             f"{'' if vocab is None else ' in the draft map'})")
         self.K, self.branch, self.prune = K, branch, prune
         self.threshold = None if threshold is None else check_prob("threshold", threshold)
         if max_nodes is not None:
@@ -160,8 +164,12 @@ class MedusaDrafter(Drafter):
         if depth <= 0:
             self._tree = None
             return Proposal(tokens=torch.empty(0, dtype=torch.long, device=dev))
-        logits = self.heads(self.h[0, -1], depth)  # (depth, V): head d drafts tree depth d
-        top_tokens, top_probs, ent = head_topk(logits, self.branch)  # (depth, branch) x 2, (depth,)
+        if self.vocab is None:
+            logits = self.heads(self.h[0, -1], depth)  # (depth, V): head d drafts tree depth d
+            top_tokens, top_probs, ent = head_topk(logits, self.branch)  # (depth, branch) x 2, (depth,)
+        else:  # the heads' logits on the map's N ids only (T = 1 over those), then back to token ids
+            top, top_probs, ent = head_topk(self.heads.small(self.h[0, -1], depth, self.vocab), self.branch)
+            top_tokens = self.vocab.ids[top]  # (depth, branch)
         if self.static is not None:
             s = self._static_for(depth)
             tree = CandidateTree(top_tokens[s.depth, s.rank], s.parents, s.paths)
@@ -218,7 +226,7 @@ def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int
                  threshold: float | None = None, max_nodes: int | None = None, prune: str = "confidence",
                  accuracies=None, attention: str = "sdpa", acceptance: str = "exact",
                  typical_epsilon: float = TYPICAL_EPSILON, typical_delta: float = TYPICAL_DELTA,
-                 **old) -> MedusaDrafter:
+                 vocab=None, **old) -> MedusaDrafter:
     """Medusa heads (None: this model's committed heads) draft a tree of each head's top-`branch` tokens.
 
     With no tree given and the committed heads, the model's committed choice is used (its defaults.json "medusa":
@@ -237,8 +245,11 @@ def make_drafter(model, tokenizer, heads=None, K: int | None = None, branch: int
         tree, K = d.get("tree", "pruned"), K if K is not None else d.get("K")
         branch = branch if branch is not None else d.get("branch")
         max_nodes = max_nodes if max_nodes is not None else d.get("max_nodes")
+    if vocab is None and heads is None:  # the committed heads draft on the model's committed map, if it names one
+        vocab = model_defaults(model).get("medusa", {}).get("vocab")
     branch = branch if branch is not None else 4
     if heads is None or isinstance(heads, (str, Path)):
         heads = load_heads(model, heads)
+    trimmed = None if vocab in (None, "full") else resolve_vocab(model, tokenizer, vocab)
     return MedusaDrafter(Runner.for_model(model, attention), heads, K, branch, tree, threshold, max_nodes, prune,
-                         accuracies, acceptance, typical_epsilon, typical_delta)
+                         accuracies, acceptance, typical_epsilon, typical_delta, trimmed)

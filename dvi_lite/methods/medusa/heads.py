@@ -106,6 +106,14 @@ class MedusaHeads(nn.Module):
         return torch.stack([self.head(i, h) for i in range(n)])
 
 
+    def small(self, h: torch.Tensor, n: int, vocab) -> torch.Tensor:
+        """The first n heads' logits on a trimmed vocabulary's ids only (a models.vocab.TrimmedHead): (..., D) ->
+        (n, ..., N). Through the shared head that is one (N, D) matmul instead of the full (V, D) one."""
+        if self.shared_lm_head:
+            return vocab.small(torch.stack([self.features(i, h) for i in range(n)]))
+        return self(h, n)[..., vocab.ids]  # own heads: their full rows, then the map's columns
+
+
 def save_heads(heads: MedusaHeads, model, path: str | Path = HEADS_PATH, card: dict | None = None) -> None:
     """Half-precision weights + what is needed to rebuild them (and check they fit `model`); card as JSON."""
     path = Path(path)

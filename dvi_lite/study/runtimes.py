@@ -1,0 +1,146 @@
+"""Where a token's time goes on each runtime, and what int8 weights cost in accuracy.
+
+`python -m dvi_lite runtimes --model smollm2 --dtype bfloat16 --json results/40_runtimes_smollm2_bf16.json`
+
+Three measurements, one per question a learner asks before trusting a speedup measured on one runtime:
+1. **How fast is each runtime's AR?** AR on hf, lean and int8 (and HF generate), paired per prompt and interleaved
+   (measure.timing.bench with `ar@lean`-style labels): each runtime's decode rate over the HF runtime's AR, with
+   an interval, the weight bytes one token reads, and the share of a step that streaming them takes.
+2. **What does a forward over n tokens cost?** t(n) on each runtime at the prompts' mean context, fitted as
+   t(n) = a + b n: a is what every forward pays whatever n (weights streamed, per-op overhead), b the price of
+   one more token; v(n) = t(n) / t(1) is what the cost model uses.
+3. **What does int8 change?** On teacher-forced text (each prompt and the lean runtime's greedy answer to it):
+   the largest and the mean logit error of int8 against the same forward with the checkpoint's weights, and how
+   often the two pick the same greedy token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dvi_lite.commands import add_force, check_outputs, command_line, prog
+from dvi_lite.core.generate import generate, prompt_ids
+from dvi_lite.core.lean import RUNTIMES, use_runtime
+from dvi_lite.core.runner import Runner
+from dvi_lite.measure import cost
+from dvi_lite.measure.provenance import provenance
+from dvi_lite.measure.timing import TIMING, bench
+from dvi_lite.models import specbench
+from dvi_lite.models.artifacts import model_facts
+from dvi_lite.models.loading import load_model
+from dvi_lite.paths import atomic_write_text
+from dvi_lite.study.bench import has_chat_template, prepare, streaming
+
+NS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def line_fit(t: dict[int, float]) -> dict[str, float]:
+    """t(n) = a + b n by least squares over the measured n: {"a_s", "b_s", "b_over_a"}."""
+    n = np.array(sorted(t), dtype=float)
+    y = np.array([t[int(k)] for k in n])
+    b, a = np.polyfit(n, y, 1)
+    return {"a_s": float(a), "b_s": float(b), "b_over_a": float(b / a)}
+
+
+def forward_costs(model, context: int, repeats: int) -> dict[str, dict]:
+    """{runtime: {"t_s": {n: seconds}, "v": {n: v(n)}, "fit": line_fit}} at `context` cached positions."""
+    out = {}
+    for rt in RUNTIMES:
+        use_runtime(model, rt)
+        t = cost.forward_times(model, NS, context, repeats)
+        out[rt] = {"t_s": t, "v": {n: t[n] / t[1] for n in NS}, "fit": line_fit(t)}
+    use_runtime(model, "hf")
+    return out
+
+
+@torch.no_grad()
+def int8_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict:
+    """int8 against lean (the checkpoint's weights) on each prompt + lean's greedy answer, teacher-forced."""
+    int8 = use_runtime(model, "int8")
+    lean = use_runtime(model, "lean")  # generate below decodes on lean: the text both are scored on
+    max_abs, mean_abs, same, n = [], [], 0, 0
+    for rec in prompts:
+        ids = prompt_ids(tok, rec["prompt"])
+        ids = ids + generate(model, tok, ids, method="ar", max_new_tokens=max_new_tokens).token_ids
+        x = torch.tensor([ids], device=lean.device)
+        a = lean.forward(x, None)[0][0].float()  # (T, V)
+        b = int8.forward(x, None)[0][0].float()
+        d = (a - b).abs()
+        max_abs.append(float(d.max()))
+        mean_abs.append(float(d.mean()))
+        same += int((a.argmax(-1) == b.argmax(-1)).sum())
+        n += a.shape[0]
+    use_runtime(model, "hf")
+    return {"positions": n, "greedy_agreement": same / n, "max_abs_logit_error": max(max_abs),
+            "mean_abs_logit_error": statistics.mean(mean_abs)}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog("runtimes"), description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="course (default), smollm2 or a checkpoint folder")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 on CPU)")
+    ap.add_argument("--n-prompts", type=int, default=6, help="held-out questions, spread over the task groups")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2, help="timed rounds of the paired AR comparison")
+    ap.add_argument("--json", default=None, help="write the results here (checked before any work)")
+    add_force(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_outputs(ap, (args.json, "file", "--json"), force=args.force)
+    for name in ("n_prompts", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        model, tok = load_model(args.model, dtype=args.dtype)
+        for rt in RUNTIMES:  # an unsupported checkpoint fails here, before any timing
+            use_runtime(model, rt)
+        use_runtime(model, "hf")
+    except ValueError as e:
+        ap.error(str(e))
+    path = specbench.SPEC_BENCH_DEV if has_chat_template(tok) else None
+    from dvi_lite.models.corpus import HELDOUT_PROMPTS
+
+    records = specbench.read_prompts(path or HELDOUT_PROMPTS)
+    prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), 1, args.max_new_tokens)
+    labels = ["ar", "ar@lean", "ar@int8", "hf"]
+    machine = cost.memory_bandwidth(device=Runner.for_model(model).device)
+    results = bench(model, tok, prompts, labels, args.max_new_tokens, args.repeats, v={1: 1.0})
+    streaming(model, results, "hf", machine["read_GBps"])
+    ctx = cost.context_for(model, tok, prompts, args.max_new_tokens)
+    forwards = forward_costs(model, ctx, repeats=7)
+    err = int8_error(model, tok, prompts, args.max_new_tokens)
+    for m in labels:
+        r = results[m]
+        share = r.get("streaming_share")
+        print(f"{m:8s} {r['decode_tokens_per_s']:6.1f} tok/s decode  x hf AR {r.get('speedup_vs_ar') or 1:.2f} "
+              f"{r.get('speedup_interval') or ''}  weights {r['weight_bytes'] / 1e6:.0f} MB"
+              + (f", streaming {share:.0%} of a step" if share else ""))
+    for rt, f in forwards.items():
+        print(f"{rt:5s} t(n) = {f['fit']['a_s'] * 1e3:.2f} ms + {f['fit']['b_s'] * 1e3:.3f} ms * n;  v: "
+              + ", ".join(f"{n}: {v:.2f}" for n, v in f["v"].items()))
+    print(f"int8 vs the checkpoint's weights: greedy agreement {err['greedy_agreement']:.4f} over "
+          f"{err['positions']} positions, logit error max {err['max_abs_logit_error']:.3f} "
+          f"mean {err['mean_abs_logit_error']:.4f}")
+    if args.json:
+        body = {"provenance": provenance(command_line("runtimes", argv), None, timing=TIMING,
+                                         **model_facts(args.model, model)),
+                "settings": {**{k: v for k, v in vars(args).items() if k != "json"}, "context": ctx,
+                             "prompts": str(path or HELDOUT_PROMPTS)},
+                "machine": machine, "ar": {m: results[m] for m in labels}, "forward": forwards, "int8_error": err}
+        atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
