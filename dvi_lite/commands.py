@@ -54,7 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "curve-tau": ("dvi_lite.study.curves:main",
                   "decode held-out questions with every learning-curve snapshot of a piece: tau and alpha"),
     "runtimes": ("dvi_lite.study.runtimes:main",
-                 "AR on the hf, lean and int8 runtimes (paired), t(n) = a + b n on each, and int8's logit error"),
+                 "AR on the hf, lean, int8 and int4 runtimes (paired), t(n) = a + b n on each, quantization's error"),
     "scaling": ("dvi_lite.study.scaling:main",
                 "each piece's learning curve fitted, beside the acceptance the cost model needs for a speedup"),
     "tree-attention": ("dvi_lite.methods.medusa.tree_attention_check:main",

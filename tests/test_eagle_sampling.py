@@ -49,11 +49,12 @@ def test_eagle_is_lossless_under_sampling(target8, tok8, head8, case):
     print(rep)
 
 
-def forgets_the_residual(tokens, parents, p, q, greedy, gen=None):
+def forgets_the_residual(tokens, parents, p, q, greedy, gen=None, probs=None):
     """verify_tree's sampling branch with one mistake: after a rejected child the next one is tested against the
     same target row p, never the residual (core.verify.residual), and the correction is drawn from p too. It
     over-weights the candidates, so the output law is no longer p."""
     assert not greedy and q is None
+    p = p if probs is None else probs(p)  # the engine hands logits and the sampler's rule
     children: dict[int, list[int]] = {}
     for i, par in enumerate(parents.tolist()):
         children.setdefault(par, []).append(i)

@@ -88,6 +88,22 @@ def test_int8_rounds_each_row_to_within_half_a_step():
     assert ((q.dequantize() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all()
 
 
+def test_int4_is_the_grouped_rounding_it_says():
+    """The kernel's product with an Int4Weight equals x @ ((q - 8) * scale + zero).T, with q the rounding of each
+    group of 32 inputs onto 16 levels from its min to its max: every weight within half a step."""
+    from dvi_lite.core.lean import Int4Weight, linear
+
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(0))
+    g = w.view(64, 3, 32)
+    lo, step = g.amin(-1, keepdim=True), (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+    deq = (torch.round((g - lo) / step) * step + lo).view(64, 96)
+    assert ((deq - w).abs() <= step.repeat_interleave(32, -1).view(64, 96) / 2 + 1e-6).all()
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(linear(x, Int4Weight.quantize(w)), x @ deq.T, atol=1e-4)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Weight.quantize(torch.randn(8, 40))
+
+
 def test_unsupported_checkpoints_and_runtimes_get_a_clear_error(target):
     m = copy.deepcopy(target)
     m.config.hidden_act = "gelu"
@@ -98,7 +114,7 @@ def test_unsupported_checkpoints_and_runtimes_get_a_clear_error(target):
     odd.model.layers[1].self_attn.k_proj.weight = torch.nn.Parameter(torch.zeros(3, 5))
     with pytest.raises(UnsupportedModel, match="layer 1's weights cannot be packed.*runtime 'hf'"):
         use_runtime(odd, "int8")
-    with pytest.raises(ValueError, match=r"runtime must be one of \['hf', 'lean', 'int8'\], got 'fast'"):
+    with pytest.raises(ValueError, match=r"runtime must be one of \['hf', 'lean', 'int8', 'int4'\], got 'fast'"):
         use_runtime(copy.deepcopy(target), "fast")
 
 
@@ -112,7 +128,7 @@ def test_use_runtime_switches_what_every_method_runs_on(target):
 
 # ---------------------------------------------------------------- the course model, greedy (fp32)
 
-N_PROMPTS, NEW = 4, 24
+N_PROMPTS, NEW = 3, 20
 METHODS = {
     "sps": ("sps", {"K": 4}),
     "pld": ("pld", {}),
@@ -131,7 +147,7 @@ def course():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", ["lean", "int8"])
+@pytest.mark.parametrize("runtime", ["lean", "int8", "int4"])
 def test_every_method_on_a_runtime_equals_that_runtimes_ar(course, runtime):
     """fp32 greedy on the course model: lean AR == HF generate; on each runtime, every method == its AR."""
     base, tok, draft = course
@@ -153,7 +169,7 @@ def test_every_method_on_a_runtime_equals_that_runtimes_ar(course, runtime):
 
 # ---------------------------------------------------------------- sampling law, on the runtime being served
 
-@pytest.mark.parametrize("runtime", ["lean", "int8"])
+@pytest.mark.parametrize("runtime", ["lean", "int8", "int4"])
 def test_a_trained_drafter_is_lossless_on_the_runtime(target8, tok8, runtime):
     """Medusa heads (perturbed off the identity) on a 3-deep tree: the output law equals the law of the target
     being served, whose conditionals the enumeration takes from that runtime's own forward."""
@@ -161,7 +177,7 @@ def test_a_trained_drafter_is_lossless_on_the_runtime(target8, tok8, runtime):
 
     model = served(target8, runtime)
     sampler = dict(temperature=1.0)
-    if runtime == "int8":  # the int8 target is another law: the test would be meaningless if they were equal
+    if runtime != "lean":  # a quantized target is another law: the test would be meaningless if they were equal
         a = pair_laws(exact_joint(target8, Sampler(**sampler), PROMPT8, 5))[0]
         b = pair_laws(exact_joint(model, Sampler(**sampler), PROMPT8, 5))[0]
         assert not torch.equal(a, b)

@@ -75,8 +75,9 @@ def broken_chain(bug: str):
 
 def broken_tree(bug: str):
     """verify_tree (sampling) with one mistake; candidates are point masses when q is None."""
-    def verify(tokens, parents, p, q, greedy, gen=None):
+    def verify(tokens, parents, p, q, greedy, gen=None, probs=None):
         assert not greedy
+        p = p if probs is None else probs(p)  # the engine hands logits and the sampler's rule: every row here
         children: dict[int, list[int]] = {}
         for i, par in enumerate(parents.tolist()):
             children.setdefault(par, []).append(i)

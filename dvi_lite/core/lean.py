@@ -11,7 +11,8 @@ than it would against a target served as fast as its weights allow. This runner 
 - one mask per step (per distinct cache length), built by the same helpers as the HF runner's;
 - bf16 weights reordered once for oneDNN's matrix-vector kernel (same products, streamed faster);
 - on a CPU, attention of a bf16 model in fp32 (torch's bf16 sdpa is several times slower for a few queries);
-- weights optionally in int8 (per-output-channel scales, torch's CPU weight-only kernel): half the bytes.
+- weights optionally in int8 (per-output-channel scales, torch's CPU weight-only kernel): half the bytes; or int4
+  (per group of 32 inputs, a scale and a zero point; the LM head kept at 8 bits): a quarter.
 
 It is a drop-in `Runner`: the same `layers_forward` (start / end / skip / capture / mask / parents), `logits`,
 `new_cache`, `positions`, `forward`, so every drafter runs on it unchanged. `use_runtime(model, "lean")` makes
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner, Skip, chain_mask, tree_mask
 
-RUNTIMES = ("hf", "lean", "int8")  # hf: the model's own modules (the reference); lean: this file; int8: lean + int8
+RUNTIMES = ("hf", "lean", "int8", "int4")  # hf: the model's own modules (the reference); lean: this file; int8 /
+# int4: lean with quantized linear layers (int4: 4-bit layers, an 8-bit LM head)
 SUPPORTED = ("a Llama-family *ForCausalLM (model_type 'llama') with SiLU MLP, no biases, default RoPE, "
              "pretraining_tp 1; a KV cache for batch 1")
 
@@ -94,7 +96,32 @@ class PackedWeight:
             return w.contiguous()
 
 
-Weight = torch.Tensor | PackedWeight | Int8Weight
+@dataclass
+class Int4Weight:
+    """A linear layer's weight in 4 bits, per group of GROUP inputs: W ≈ (q - 8) * scale + zero, q in 0..15, packed
+    for torch's CPU int4 kernel (the convention gpt-fast and torchao use)."""
+    packed: torch.Tensor  # the kernel's layout of the (N, K) 4-bit codes
+    scale_zero: torch.Tensor  # (K / GROUP, N, 2) in the activations' dtype
+    shape: tuple[int, int]
+
+    GROUP = 32  # inputs per scale: finer groups, less error; the kernel reads one (scale, zero) per group
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> "Int4Weight":
+        """Asymmetric rounding per group (min to max in 15 steps), computed in fp32."""
+        n, k = w.shape
+        if k % cls.GROUP or k % 32:
+            raise ValueError(f"int4 needs input sizes divisible by {max(cls.GROUP, 32)}, got {k}")
+        g = w.float().view(n, k // cls.GROUP, cls.GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)  # (N, K / G)
+        scale = ((hi - lo) / 15).clamp(min=1e-8)
+        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+        sz = torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1).contiguous().to(w.dtype)  # (K / G, N, 2)
+        return cls(packed, sz, (n, k))
+
+
+Weight = torch.Tensor | PackedWeight | Int8Weight | Int4Weight
 
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
@@ -103,13 +130,18 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
         return F.linear(x, w)
     if isinstance(w, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, w.w, None, "none", [], "")
-    out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), w.q, w.scale)  # (M, N)
+    x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+    if isinstance(w, Int4Weight):
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, w.packed, Int4Weight.GROUP, w.scale_zero)
+    else:
+        out = torch.ops.aten._weight_int8pack_mm(x2, w.q, w.scale)  # (M, N)
     return out.view(*x.shape[:-1], -1)
 
 
 def nbytes(w: Weight) -> int:
     """Bytes of weights a forward streams for `w`."""
-    ts = (w.q, w.scale) if isinstance(w, Int8Weight) else (w.w,) if isinstance(w, PackedWeight) else (w,)
+    ts = ((w.q, w.scale) if isinstance(w, Int8Weight) else (w.w,) if isinstance(w, PackedWeight)
+          else (w.packed, w.scale_zero) if isinstance(w, Int4Weight) else (w,))
     return sum(t.numel() * t.element_size() for t in ts)
 
 
@@ -124,13 +156,16 @@ class Layer:
     down: Weight  # (D, I)
 
 
-def pack_layer(layer, quant: bool) -> Layer:
+QUANT = {"int8": Int8Weight.quantize, "int4": Int4Weight.quantize}  # runtime -> how a layer's weights are stored
+
+
+def pack_layer(layer, quant: str | None) -> Layer:
     """Concatenate an HF LlamaDecoderLayer's projections (rows of q, k, v; rows of gate, up)."""
     a, m = layer.self_attn, layer.mlp
     qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
     gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
     ws = [qkv, a.o_proj.weight.detach(), gate_up, m.down_proj.weight.detach()]
-    ws = [Int8Weight.quantize(w) if quant else PackedWeight.maybe(w) for w in ws]
+    ws = [QUANT[quant](w) if quant else PackedWeight.maybe(w) for w in ws]
     return Layer(layer.input_layernorm.weight.detach(), ws[0], ws[1], layer.post_attention_layernorm.weight.detach(),
                  ws[2], ws[3])
 
@@ -146,12 +181,13 @@ class LeanRunner(Runner):
         super().__init__(model, "sdpa")
         cfg = model.config
         self.quant = quant
-        q = quant == "int8"
+        if quant not in (None, *QUANT):
+            raise ValueError(f"quant must be None or one of {list(QUANT)}, got {quant!r}")
         self.packed = []
         for i, layer in enumerate(self.layers):
             try:
-                self.packed.append(pack_layer(layer, q))
-            except (RuntimeError, AttributeError, TypeError) as e:  # a projection missing, misshapen or not a tensor
+                self.packed.append(pack_layer(layer, quant))
+            except (RuntimeError, AttributeError, TypeError, ValueError) as e:  # missing, misshapen, not a tensor
                 raise UnsupportedModel(f"the lean runtime supports {SUPPORTED}; layer {i}'s weights cannot be packed "
                                        f"({str(e).splitlines()[0][:200]}) (use runtime 'hf')") from None
         self.eps = cfg.rms_norm_eps
@@ -161,7 +197,8 @@ class LeanRunner(Runner):
         self.embed_w = self.embed_tokens.weight.detach()
         self.norm_w = self.norm.weight.detach()
         head = self.lm_head.weight.detach()
-        self.head_w: Weight = Int8Weight.quantize(head) if q else PackedWeight.maybe(head)
+        # the LM head stays at 8 bits under int4: its rounding moves every logit, and it is a sixth of the bytes
+        self.head_w: Weight = Int8Weight.quantize(head) if quant else PackedWeight.maybe(head)
         # on a CPU, sdpa over bf16 / fp16 is several times slower than over fp32 for a few queries: attention runs in
         # fp32 there, over a cache kept in fp32 (the K and V of a few hundred positions: small beside the weights)
         dt = self.embed_w.dtype
@@ -259,7 +296,7 @@ def use_runtime(model, runtime: str = "hf") -> Runner:
         raise ValueError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
     built = model.__dict__.setdefault("_dvi_lite_runtimes", {})
     if runtime not in built:
-        built[runtime] = Runner(model) if runtime == "hf" else LeanRunner(model, "int8" if runtime == "int8" else None)
+        built[runtime] = Runner(model) if runtime == "hf" else LeanRunner(model, None if runtime == "lean" else runtime)
     model.__dict__.setdefault("_dvi_lite_runners", {})["sdpa"] = built[runtime]
     model.__dict__["_dvi_lite_runtime"] = runtime
     return built[runtime]

@@ -167,7 +167,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
             Option("load_verifier", False, "also load the slow verifier LoRA (lora_D) into the model", "bool"),
             Option("vocab", None, "trimmed draft head (FR-Spec): None = the one the head was trained on (its "
                    "file says; the full vocabulary if none); 'full'; an int N = the N tokens most frequent on the "
-                   "corpus; or a saved map's file (verification keeps the full head)")),
+                   "corpus; or a saved map's file (verification keeps the full head)"),
+            Option("merged", True, "draft through a copy of the policy with lora_S merged, in the model's dtype "
+                   "(False: through the float32 policy itself, as it trains)", "bool")),
            paper="Bhansali & Heck 2025"),
 )}
 

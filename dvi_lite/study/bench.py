@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--runtime", choices=RUNTIMES, default="hf",
                     help="the target's forward: hf (its own modules, the reference), lean (our packed forward) or "
-                         "int8 (lean with int8 weights); a label may override it: ar@lean")
+                         "int8 / int4 (lean with quantized weights); a label may override it: ar@lean")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machine", action=argparse.BooleanOptionalAction, default=None,
                     help="measure the memory bandwidth (a copy and a sum of 512 MiB; default: on with --json)")

@@ -1,17 +1,17 @@
-"""Where a token's time goes on each runtime, and what int8 weights cost in accuracy.
+"""Where a token's time goes on each runtime, and what int8 and int4 weights cost in accuracy.
 
 `python -m dvi_lite runtimes --model smollm2 --dtype bfloat16 --json results/40_runtimes_smollm2_bf16.json`
 
 Three measurements, one per question a learner asks before trusting a speedup measured on one runtime:
-1. **How fast is each runtime's AR?** AR on hf, lean and int8 (and HF generate), paired per prompt and interleaved
+1. **How fast is each runtime's AR?** AR on hf, lean, int8 and int4 (and HF generate), paired per prompt and interleaved
    (measure.timing.bench with `ar@lean`-style labels): each runtime's decode rate over the HF runtime's AR, with
    an interval, the weight bytes one token reads, and the share of a step that streaming them takes.
 2. **What does a forward over n tokens cost?** t(n) on each runtime at the prompts' mean context, fitted as
    t(n) = a + b n: a is what every forward pays whatever n (weights streamed, per-op overhead), b the price of
    one more token; v(n) = t(n) / t(1) is what the cost model uses.
-3. **What does int8 change?** On teacher-forced text (each prompt and the lean runtime's greedy answer to it):
-   the largest and the mean logit error of int8 against the same forward with the checkpoint's weights, and how
-   often the two pick the same greedy token.
+3. **What does quantization change?** On teacher-forced text (each prompt and the lean runtime's greedy answer to
+   it): the largest and the mean logit error of int8 and int4 against the same forward with the checkpoint's
+   weights, and how often they pick the same greedy token.
 """
 from __future__ import annotations
 
@@ -60,25 +60,28 @@ def forward_costs(model, context: int, repeats: int) -> dict[str, dict]:
 
 
 @torch.no_grad()
-def int8_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict:
-    """int8 against lean (the checkpoint's weights) on each prompt + lean's greedy answer, teacher-forced."""
-    int8 = use_runtime(model, "int8")
-    lean = use_runtime(model, "lean")  # generate below decodes on lean: the text both are scored on
-    max_abs, mean_abs, same, n = [], [], 0, 0
+def quant_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict[str, dict]:
+    """{runtime: error} of int8 and int4 against lean (the checkpoint's weights), on each prompt + lean's greedy
+    answer, teacher-forced: the largest and mean logit error and how often both pick the same greedy token."""
+    quant = {rt: use_runtime(model, rt) for rt in ("int8", "int4")}
+    lean = use_runtime(model, "lean")  # generate below decodes on lean: the text every runtime is scored on
+    sums = {rt: {"max": 0.0, "mean": [], "same": 0} for rt in quant}
+    n = 0
     for rec in prompts:
         ids = prompt_ids(tok, rec["prompt"])
         ids = ids + generate(model, tok, ids, method="ar", max_new_tokens=max_new_tokens).token_ids
         x = torch.tensor([ids], device=lean.device)
         a = lean.forward(x, None)[0][0].float()  # (T, V)
-        b = int8.forward(x, None)[0][0].float()
-        d = (a - b).abs()
-        max_abs.append(float(d.max()))
-        mean_abs.append(float(d.mean()))
-        same += int((a.argmax(-1) == b.argmax(-1)).sum())
         n += a.shape[0]
+        for rt, r in quant.items():
+            b = r.forward(x, None)[0][0].float()
+            d = (a - b).abs()
+            sums[rt]["max"] = max(sums[rt]["max"], float(d.max()))
+            sums[rt]["mean"].append(float(d.mean()))
+            sums[rt]["same"] += int((a.argmax(-1) == b.argmax(-1)).sum())
     use_runtime(model, "hf")
-    return {"positions": n, "greedy_agreement": same / n, "max_abs_logit_error": max(max_abs),
-            "mean_abs_logit_error": statistics.mean(mean_abs)}
+    return {rt: {"positions": n, "greedy_agreement": v["same"] / n, "max_abs_logit_error": v["max"],
+                 "mean_abs_logit_error": statistics.mean(v["mean"])} for rt, v in sums.items()}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -112,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
     records = specbench.read_prompts(path or HELDOUT_PROMPTS)
     prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), 1, args.max_new_tokens)
-    labels = ["ar", "ar@lean", "ar@int8", "hf"]
+    labels = ["ar", "ar@lean", "ar@int8", "ar@int4", "hf"]
     machine = cost.memory_bandwidth(device=Runner.for_model(model).device)
     results = bench(model, tok, prompts, labels, args.max_new_tokens, args.repeats, v={1: 1.0})
     streaming(model, results, "hf", machine["read_GBps"])
     ctx = cost.context_for(model, tok, prompts, args.max_new_tokens)
     forwards = forward_costs(model, ctx, repeats=7)
-    err = int8_error(model, tok, prompts, args.max_new_tokens)
+    err = quant_error(model, tok, prompts, args.max_new_tokens)
     for m in labels:
         r = results[m]
         share = r.get("streaming_share")
@@ -128,15 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     for rt, f in forwards.items():
         print(f"{rt:5s} t(n) = {f['fit']['a_s'] * 1e3:.2f} ms + {f['fit']['b_s'] * 1e3:.3f} ms * n;  v: "
               + ", ".join(f"{n}: {v:.2f}" for n, v in f["v"].items()))
-    print(f"int8 vs the checkpoint's weights: greedy agreement {err['greedy_agreement']:.4f} over "
-          f"{err['positions']} positions, logit error max {err['max_abs_logit_error']:.3f} "
-          f"mean {err['mean_abs_logit_error']:.4f}")
+    for rt, e in err.items():
+        print(f"{rt} vs the checkpoint's weights: greedy agreement {e['greedy_agreement']:.4f} over "
+              f"{e['positions']} positions, logit error max {e['max_abs_logit_error']:.3f} "
+              f"mean {e['mean_abs_logit_error']:.4f}")
     if args.json:
         body = {"provenance": provenance(command_line("runtimes", argv), None, timing=TIMING,
                                          **model_facts(args.model, model)),
                 "settings": {**{k: v for k, v in vars(args).items() if k != "json"}, "context": ctx,
                              "prompts": str(path or HELDOUT_PROMPTS)},
-                "machine": machine, "ar": {m: results[m] for m in labels}, "forward": forwards, "int8_error": err}
+                "machine": machine, "ar": {m: results[m] for m in labels}, "forward": forwards, "quant_error": err}
         atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0

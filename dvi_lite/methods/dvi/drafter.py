@@ -39,7 +39,7 @@ class DVIDrafter(EarlyExitDrafter):
     name = "dvi"
 
     def __init__(self, runner: Runner, policy: DVIPolicy, K: int = 6, threshold: float | None = None,
-                 collect: bool = False, vocab: TrimmedHead | None = None):
+                 collect: bool = False, vocab: TrimmedHead | None = None, merged: bool = True):
         if policy.head == "trained":  # a trained head drafts on its own ids (checked), through its own rows
             policy.check_vocab(vocab)
             vocab = policy.head_map
@@ -48,7 +48,7 @@ class DVIDrafter(EarlyExitDrafter):
         self.collect = collect
         self._pending: list[tuple[torch.Tensor, ...]] = []
         # drafting only: the policy merged into the model's dtype (a snapshot); a learning drafter uses the policy
-        self.merged = None if collect else MergedExit(policy, runner.lm_head.weight.dtype)
+        self.merged = MergedExit(policy, runner.lm_head.weight.dtype) if merged and not collect else None
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.merged is not None:
@@ -87,7 +87,7 @@ class DVIDrafter(EarlyExitDrafter):
 
 def make_drafter(model, tokenizer, split: int | None = None, state: str | Path | DVIPolicy | None = None,
                  K: int = 6, threshold: float | None = 0.6, load_verifier: bool = False, vocab=None,
-                 **old) -> DVIDrafter:
+                 merged: bool = True, **old) -> DVIDrafter:
     """DVI: the target's first `split` layers + the trained exit head (lora_S) draft, layers [split, L) verify.
 
     state: a dir with policy.pt (None = this model's committed policy), or a DVIPolicy (e.g.
@@ -95,7 +95,8 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
     Greedy output equals plain greedy decoding of the model (lora_D, if loaded, is part of the model).
     vocab: a trimmed draft head (models.vocab.resolve_vocab: an int N, a saved map's path); None = the head
     the policy was trained on (its file's "vocab": this model's top-N map, or the full vocabulary); "full" =
-    the full vocabulary whatever the policy was trained on.
+    the full vocabulary whatever the policy was trained on. merged: draft through `MergedExit` (lora_S merged, the
+    model's dtype); False: through the policy itself (float32, LoRA unmerged).
     """
     reject_renamed(old, "dvi.make_drafter")
     r = Runner.for_model(model)
@@ -114,12 +115,13 @@ def make_drafter(model, tokenizer, split: int | None = None, state: str | Path |
                                  "token ids only (draft with vocab=None)")
             vocab = None
         return DVIDrafter(r, policy, K, threshold, vocab=None if vocab is None else resolve_vocab(model, tokenizer,
-                                                                                                   vocab))
+                                                                                                   vocab),
+                          merged=merged)
     if vocab is None:
         vocab = getattr(policy, "trained_vocab", None)
     elif isinstance(vocab, str) and vocab == "full":
         vocab = None
-    return DVIDrafter(r, policy, K, threshold, vocab=resolve_vocab(model, tokenizer, vocab))
+    return DVIDrafter(r, policy, K, threshold, vocab=resolve_vocab(model, tokenizer, vocab), merged=merged)
 
 
 def evaluate(model, tokenizer, prompts: Sequence[Any], state: str | Path | DVIPolicy | None = None,
