@@ -185,3 +185,17 @@ def test_a_trained_drafter_is_lossless_on_the_runtime(target8, tok8, runtime):
     rep = assert_lossless_sampling(model, tok8, "medusa", max_new_tokens=5, n=n, heads=perturbed_heads(target8),
                                    K=3, branch=2, tree="cartesian", min_run=2, **sampler)
     print(rep)
+
+
+@pytest.mark.slow
+def test_the_lean_ar_equals_hf_generate_on_spec_bench_questions():
+    """SmolLM2 in fp32 on the lean runtime: AR's tokens are the real-model reference's, which test_smollm2 checks
+    against HF generate (Spec-Bench dev questions from every task group, chat template)."""
+    from helpers import smollm2_reference
+    from test_smollm2 import smollm2
+
+    base, tok = smollm2("float32")
+    model = served(base, "lean")  # a copy: the cached model stays on the HF runtime for the other tests
+    for i, (prompt, ref) in enumerate(smollm2_reference()):
+        out = dvi_lite.generate(model, tok, prompt, method="ar", max_new_tokens=len(ref))
+        assert out.token_ids == ref, f"question {i}"
