@@ -86,8 +86,8 @@ def test_makefile_targets() -> None:
     targets = set(re.findall(r"^([A-Za-z][\w-]*):(?!=)", text, flags=re.MULTILINE))
     wanted = {"help", "setup", "lint", "test", "reproduce", "lab", "model", "clean", "env-check", "test-browser"}
     assert wanted <= targets, f"missing Makefile targets: {wanted - targets}"
-    assert "install -q $(TORCH_PIP_ARGS)torch==2.13.0" in text, "setup must install the torch pin first"
-    assert "install -q -e '.[course,dev]'" in text, "setup must install the course and dev extras"
+    assert "install -q --no-compile $(TORCH_PIP_ARGS)torch==2.13.0" in text, "setup must install the torch pin first"
+    assert "install -q --no-compile -e '.[course,dev]'" in text, "setup must install the course and dev extras"
     assert re.search(r"^test:[^#\n]*\blint\b", text, flags=re.MULTILINE), "make test must lint first"
     assert re.search(r"^\t.*ruff check dvi_lite tests", text, flags=re.MULTILINE), "make lint runs ruff"
     assert "dvi_lite.study." not in text and "dvi_lite.course_model." not in text, "use `python -m dvi_lite <cmd>`"
@@ -111,7 +111,7 @@ def test_torch_index_selects_the_cpu_wheel_index_only_when_asked() -> None:
     """Without TORCH_INDEX the torch install is the plain pin (pip's own index); TORCH_INDEX=cpu points that one
     install at PyTorch's CPU wheel index, PyPI kept as an extra index; another value is an index URL."""
     plain = _torch_install_line()
-    assert plain.startswith(f".venv/bin/pip install -q {TORCH_PIN} 2>&1"), plain
+    assert plain.startswith(f".venv/bin/pip install -q --no-compile {TORCH_PIN} 2>&1"), plain
     cpu = _torch_install_line("TORCH_INDEX=cpu")
     assert cpu == plain.replace(TORCH_PIN, "--index-url https://download.pytorch.org/whl/cpu "
                                           f"--extra-index-url https://pypi.org/simple {TORCH_PIN}"), cpu

@@ -6,6 +6,9 @@ the course corpus encoded once per process (encode_split).
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -13,9 +16,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from dvi_lite.models.corpus import load_docs
+from dvi_lite.models.corpus import CORPUS_DIR, load_docs
 from dvi_lite.models.tokenizer import EOS
-from dvi_lite.paths import DATA_DIR
+from dvi_lite.paths import BUILD_DIR, DATA_DIR, atomic_write_bytes
 
 
 @dataclass
@@ -48,11 +51,31 @@ _ENCODED: dict = {}  # (tokenizer path, vocab size, split, domain) -> stream: en
 
 
 def encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None = None) -> np.ndarray:
-    """One flat uint16 token stream, documents separated by EOS (cached per process)."""
+    """One flat uint16 token stream, documents separated by EOS: cached per process, and on disk under build/ keyed
+    by the tokenizer's vocabulary and the corpus files' bytes (encoding the train split takes seconds, and every
+    notebook kernel and test worker needs it)."""
     key = (tok.name_or_path, len(tok), split, domain)
     if key not in _ENCODED:
-        _ENCODED[key] = _encode_split(tok, split, domain)
+        _ENCODED[key] = _cached_on_disk(tok, split, domain)
     return _ENCODED[key]
+
+
+def _cached_on_disk(tok: PreTrainedTokenizerFast, split: str, domain: str | None) -> np.ndarray:
+    h = hashlib.sha256(json.dumps([tok.backend_tokenizer.to_str(), split, domain]).encode())
+    for f in sorted(CORPUS_DIR.glob("*.jsonl.xz")):
+        h.update(f.read_bytes())
+    path = BUILD_DIR / "cache" / f"encoded_{h.hexdigest()[:16]}.npy"
+    if path.is_file():
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError):  # a torn file: encode again below
+            pass
+    ids = _encode_split(tok, split, domain)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.save(buf, ids, allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())
+    return ids
 
 
 def _encode_split(tok: PreTrainedTokenizerFast, split: str, domain: str | None) -> np.ndarray:
