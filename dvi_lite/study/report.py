@@ -140,9 +140,10 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
             continue
         prov = body.get("provenance", {})
         s = body.get("settings", {})
+        runtime = f" · target on the {s['runtime']} runtime, each method against AR on it" if "runtime" in s else ""
         parts.append(f"**{f.stem}** · {prov.get('device', '?')} · commit `{str(prov.get('commit', '?'))[:10]}` · "
                      f"{prov.get('date', '?')} · {s.get('n_prompts', '?')} prompts × "
-                     f"{s.get('max_new_tokens', '?')} tokens\n")
+                     f"{s.get('max_new_tokens', '?')} tokens{runtime}\n")
         ci = " (90% CI)" if any(r.get("speedup_interval") for r in methods.values()) else ""
         parts.append(f"| method | tokens/s | speedup vs AR{ci} | τ | α |\n|---|---:|---:|---:|---:|")
         for m, r in methods.items():
