@@ -130,6 +130,8 @@ def apply(pick: dict, heads_file: Path, defaults_file: Path, result: str) -> dic
     entry = {"K": h, "branch": 1 + max(max(p) for p in pick["paths"]), "tree": pick["paths"],
              "why": f"medusa-sizing's pick ({result})"}
     d = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
+    if "vocab" in d.get("medusa", {}):  # the map the heads draft on is the heads' own choice: kept
+        entry["vocab"] = d["medusa"]["vocab"]
     atomic_write_text(defaults_file, json.dumps(d | {"medusa": entry}, indent=2) + "\n")
     return entry
 
