@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from dvi_lite.measure.figures import PNG_SIZE, RENDERER_ENV
+from dvi_lite.measure.figures import PNG_SIZE, RENDERER_ENV, png_server
 
 SLIM_SKIPS = ("polar", "ternary", "scene", "geo")  # template layout parts no figure here uses
 SLIM_TRACES = ("scatter", "bar", "heatmap", "histogram", "box")  # trace types whose template defaults are kept
@@ -42,6 +42,7 @@ def notebook_renderer() -> str | None:
 
         pio.renderers.default = name
         if "png" in name:
+            png_server()  # every fig.show() renders a PNG: one browser for the whole kernel
             for k, v in PNG_SIZE.items():
                 setattr(pio.renderers["png"], k, v)
     return name
