@@ -113,11 +113,11 @@ def test_low_confidence_token_is_still_proposed(model, threshold, want):
     script = [(5, 0.99), (9, 0.95), (13, 0.3), (17, 0.99), (21, 0.99)]
     r = Runner.for_model(model)
     d = EarlyExitDrafter(r, 2, K=5, threshold=threshold)
-    d.exit_logits = ScriptedExit(script)
+    d.exit_scores = ScriptedExit(script)
     state = start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0))
     prop = d.propose(state)
     assert prop.tokens.tolist() == [t for t, _ in script[:want]]  # token 13 (conf 0.3 < 0.6) is proposed
-    assert d.exit_logits.calls == want  # and nothing after it was drafted
+    assert d.exit_scores.calls == want  # and nothing after it was drafted
     assert prop.hidden.shape[1] == want  # shallow states of [pending, d1, ..., d_{n-1}]
     out = verify_step(state, prop)
     assert out.p_logits.shape[0] == want + 1 and torch.isfinite(out.p_logits).all()
@@ -131,6 +131,6 @@ def test_low_confidence_first_token_is_proposed_alone(model):
 
     r = Runner.for_model(model)
     d = EarlyExitDrafter(r, 2, K=4, threshold=0.6)
-    d.exit_logits = ScriptedExit([(7, 0.1), (8, 0.99)])
+    d.exit_scores = ScriptedExit([(7, 0.1), (8, 0.99)])
     prop = d.propose(start(r, d, PROMPTS[0], 20, Sampler(), make_generator(0)))
-    assert prop.tokens.tolist() == [7] and d.exit_logits.calls == 1
+    assert prop.tokens.tolist() == [7] and d.exit_scores.calls == 1

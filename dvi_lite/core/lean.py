@@ -22,6 +22,8 @@ attended by sdpa with a mask.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -300,6 +302,17 @@ def use_runtime(model, runtime: str = "hf") -> Runner:
     model.__dict__.setdefault("_dvi_lite_runners", {})["sdpa"] = built[runtime]
     model.__dict__["_dvi_lite_runtime"] = runtime
     return built[runtime]
+
+
+@contextmanager
+def serving(model, runtime: str | None) -> Iterator[Runner]:
+    """`with serving(model, "lean"):` serve `model` on `runtime` inside the block and as before after it, also when
+    the block raises (None: leave it as it is served)."""
+    was = runtime_of(model)
+    try:
+        yield use_runtime(model, runtime or was)
+    finally:
+        use_runtime(model, was)
 
 
 def runtime_of(model) -> str:

@@ -129,3 +129,52 @@ def check_invariants(vs: dict[str, dict], roofline: dict[str, dict], bandwidth: 
         require(ar_equal == n_prompts, f"fp32 AR differs from HF generate on {n_prompts - ar_equal} prompts")
         out.append(f"AR == HF generate on all {n_prompts} prompts (fp32)")
     return out + [check_bench(res, ["ar", "hf"], name) for name, res in benches.items()]
+
+
+RUNTIME_NAMES = {"ar": "hf", "ar@lean": "lean", "ar@int8": "int8", "ar@int4": "int4"}  # study.runtimes.LABELS
+
+
+def runtime_split(res: dict) -> list[dict]:
+    """Per runtime (study.runtimes.measure's result): ms per AR token, split into the time its weights take to
+    stream at the measured read bandwidth and everything else; and the fitted t(n) = a + b n in ms."""
+    rows = []
+    for label, rt in RUNTIME_NAMES.items():
+        r, fit = res["ar"][label], res["forward"][rt]["fit"]
+        ms = 1e3 / r["decode_tokens_per_s"]
+        stream = 1e3 * r["weight_bytes"] / (res["machine"]["read_GBps"] * 1e9)
+        rows.append({"runtime": rt, "ms_per_token": ms, "stream_ms": stream, "other_ms": ms - stream,
+                     "a_ms": 1e3 * fit["a_s"], "b_ms": 1e3 * fit["b_s"],
+                     "speedup": r.get("speedup_vs_ar") or 1.0, "interval": r.get("speedup_interval")})
+    return rows
+
+
+def runtime_figure(res: dict):
+    """Left: each runtime's AR token, weights streamed vs everything else (ms). Right: t(n) measured, and its fit."""
+    from plotly.subplots import make_subplots
+
+    from dvi_lite.course.plots import series_color
+
+    rows = runtime_split(res)
+    fig = make_subplots(1, 2, subplot_titles=("one AR token: weights streamed vs everything else",
+                                              "a forward over n new tokens: t(n) and its fit a + b·n"))
+    names = [r["runtime"] for r in rows]
+    fig.add_bar(x=names, y=[r["stream_ms"] for r in rows], name="weights streamed (at the read bandwidth)",
+                row=1, col=1)
+    fig.add_bar(x=names, y=[r["other_ms"] for r in rows], name="everything else (ops, attention, norms)",
+                row=1, col=1)
+    fig.update_layout(barmode="stack")
+    for i, r in enumerate(rows):
+        t = res["forward"][r["runtime"]]["t_s"]
+        t = {int(n): x for n, x in t.items()}  # int keys, or str keys read back from JSON
+        ns, color = sorted(t), series_color(i + 2)
+        fig.add_scatter(x=ns, y=[1e3 * t[n] for n in ns], mode="markers",
+                        name=f"{r['runtime']}: measured", marker_color=color, row=1, col=2)
+        fig.add_scatter(x=ns, y=[r["a_ms"] + r["b_ms"] * n for n in ns], mode="lines", line_dash="dot",
+                        name=f"{r['runtime']}: {r['a_ms']:.1f} + {r['b_ms']:.2f}·n ms", marker_color=color,
+                        row=1, col=2)
+    fig.update_yaxes(title_text="ms per token", row=1, col=1)
+    fig.update_yaxes(title_text="ms per forward", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="runtime", row=1, col=1)
+    fig.update_xaxes(title_text="n (new tokens in one forward)", row=1, col=2)
+    fig.update_layout(title="SmolLM2 · bf16: where a decoded token's time goes on each runtime")
+    return fig

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from dvi_lite.core.checks import RENAMED, reject_renamed
 from dvi_lite.core.engine import acceptance_rate, position_acceptance
 from dvi_lite.core.generate import generate
-from dvi_lite.core.lean import RUNTIMES, runtime_of, use_runtime
+from dvi_lite.core.lean import RUNTIMES, serving
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost, paired
 from dvi_lite.measure.summary import summarise
@@ -95,12 +95,8 @@ def run_one(model, tok, rec: dict, i: int, method: str, max_new_tokens: int, tem
     """One timed generation of prompt `rec` (the i-th; its seed is seed + i), with CUDA's peak memory if any.
     runtime: serve the target on it for this generation only (None: as the model is served)."""
     if runtime is not None:
-        was = runtime_of(model)
-        use_runtime(model, runtime)
-        try:
+        with serving(model, runtime):
             return run_one(model, tok, rec, i, method, max_new_tokens, temperature, top_p, seed, options)
-        finally:
-            use_runtime(model, was)
     dev = next(model.parameters()).device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)

@@ -45,15 +45,31 @@ class EarlyExitDrafter(Drafter):
         self.branch = check_int("branch (candidates per draft step; 1 = a chain)", branch, 1)
         self.max_draft = self.K * self.branch  # cache room the engine reserves for one proposal
         self.threshold = None if threshold is None else check_prob("threshold (eta)", threshold)
+        self._ids = None if vocab is None else vocab.ids.tolist()  # map column -> token id (greedy_pick)
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The draft's vocabulary projection of normalised states (..., D) -> (..., V): the model's LM head,
-        or the trimmed head (-inf off its map, so q = 0 there)."""
-        return self.runner.lm_head(x) if self.vocab is None else self.vocab(x)
+    def head_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The draft's projection of normalised states (..., D) -> (..., N): the trimmed head's N rows, or the
+        model's LM head (N = V) without one. Column j is token `vocab.ids[j]` (token j without a map)."""
+        return self.runner.lm_head(x) if self.vocab is None else self.vocab.small(x)
+
+    def exit_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft scores of exit-layer hidden states (1, n, D) -> (1, n, N) on the draft's map. Subclasses
+        (Kangaroo, DVI) override this one method."""
+        return self.head_scores(self.runner.norm(h))
 
     def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft head on exit-layer hidden states (1, n, D) -> (1, n, V). Subclasses (Kangaroo) override."""
-        return self.head_logits(self.runner.norm(h))
+        """(1, n, D) -> (1, n, V): the scores scattered into the full vocabulary, -inf off the map (q = 0 there)."""
+        small = self.exit_scores(h)
+        return small if self.vocab is None else self.vocab.expand(small)
+
+    def greedy_pick(self, h: torch.Tensor) -> tuple[int, float]:
+        """A greedy chain's draft token and its confidence (top-1 probability at temperature 1), read in the map's
+        N columns: softmax over the map equals softmax over the expanded logits (exp(-inf) = 0), so nothing of
+        size V is built per draft token."""
+        s = self.exit_scores(h)[0, -1].float()  # (N,)
+        j = int(s.argmax())
+        conf = float(1.0 / (s - s[j]).exp().sum())  # max softmax = 1 / sum exp(s - max)
+        return (j if self.vocab is None else self._ids[j]), conf
 
     def extra_params(self) -> int:
         """Values this drafter adds to the target: none, but a trimmed head's selected rows (subclasses add theirs)."""
@@ -71,6 +87,12 @@ class EarlyExitDrafter(Drafter):
             pos = torch.tensor([[past + i]], device=state.device)
             h = r.layers_forward(r.embed(torch.tensor([[tok]], device=state.device)), cache, pos, 0, self.split)
             hs.append(h)
+            if state.sampler.greedy and not tree:  # the argmax and its probability, in the map's space
+                tok, top = self.greedy_pick(h)
+                tokens.append(tok)
+                if self.threshold is not None and top < self.threshold:
+                    break
+                continue
             logits = self.exit_logits(h)[0, -1]  # (V,)
             q = state.sampler.probs(logits)  # the law drafts are sampled from (one-hot when greedy)
             conf = state.sampler.confidence(logits)  # what the exit rule and the tree read (never one-hot)

@@ -30,7 +30,7 @@ from pathlib import Path
 from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.generate import generate
-from dvi_lite.core.lean import RUNTIMES, runtime_of, use_runtime
+from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost
 from dvi_lite.measure.provenance import provenance
@@ -191,10 +191,8 @@ def streaming(model, results: dict, runtime: str, read_GBps: float | None) -> No
         base, rt = split_runtime(m)
         if base not in ("ar", "hf"):
             continue
-        was = runtime_of(model)
-        use_runtime(model, "hf" if base == "hf" else rt or runtime)
-        wb = cost.weight_bytes(model)  # one token = one forward = the weights read once
-        use_runtime(model, was)
+        with serving(model, "hf" if base == "hf" else rt or runtime):
+            wb = cost.weight_bytes(model)  # one token = one forward = the weights read once
         r.update(weight_bytes=wb, weights_GBps_at_ar=wb * r["tokens_per_s"] / 1e9,
                  streaming_share=wb / (read_GBps * 1e9) * r["decode_tokens_per_s"]
                  if read_GBps and r.get("decode_tokens_per_s") else None)

@@ -26,7 +26,7 @@ import torch
 
 from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.core.generate import generate, prompt_ids
-from dvi_lite.core.lean import RUNTIMES, use_runtime
+from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure import cost
 from dvi_lite.measure.provenance import provenance
@@ -52,10 +52,9 @@ def forward_costs(model, context: int, repeats: int) -> dict[str, dict]:
     """{runtime: {"t_s": {n: seconds}, "v": {n: v(n)}, "fit": line_fit}} at `context` cached positions."""
     out = {}
     for rt in RUNTIMES:
-        use_runtime(model, rt)
-        t = cost.forward_times(model, NS, context, repeats)
+        with serving(model, rt):
+            t = cost.forward_times(model, NS, context, repeats)
         out[rt] = {"t_s": t, "v": {n: t[n] / t[1] for n in NS}, "fit": line_fit(t)}
-    use_runtime(model, "hf")
     return out
 
 
@@ -82,6 +81,43 @@ def quant_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict[st
     use_runtime(model, "hf")
     return {rt: {"positions": n, "greedy_agreement": v["same"] / n, "max_abs_logit_error": v["max"],
                  "mean_abs_logit_error": statistics.mean(v["mean"])} for rt, v in sums.items()}
+
+
+LABELS = ["ar", "ar@lean", "ar@int8", "ar@int4", "hf"]  # AR on each runtime, and HF generate
+
+
+def measure(model, tok, prompts: list[dict], max_new_tokens: int, repeats: int, forward_repeats: int = 7,
+            machine: dict | None = None) -> dict:
+    """The three measurements on prepared prompts: {"machine", "ar", "forward", "quant_error", "context"}.
+
+    ar: `LABELS` paired per prompt and interleaved, each with its weight bytes and streaming share; forward:
+    t(n) per runtime at the prompts' mean context (`forward_costs`); quant_error: int8 and int4 against the
+    checkpoint's weights. machine: a measured bandwidth to reuse (None: measured here)."""
+    machine = machine or cost.memory_bandwidth(device=Runner.for_model(model).device)
+    results = bench(model, tok, prompts, LABELS, max_new_tokens, repeats, v={1: 1.0})
+    streaming(model, results, "hf", machine["read_GBps"])
+    ctx = cost.context_for(model, tok, prompts, max_new_tokens)
+    return {"machine": machine, "ar": results, "forward": forward_costs(model, ctx, forward_repeats),
+            "quant_error": quant_error(model, tok, prompts, max_new_tokens), "context": ctx}
+
+
+def report(res: dict) -> str:
+    """The measurements as text: AR per runtime, the fitted t(n) and v(n) per runtime, the quantization error."""
+    lines = []
+    for m, r in res["ar"].items():
+        share, ci = r.get("streaming_share"), r.get("speedup_interval")
+        lines.append(f"{m:8s} {r['decode_tokens_per_s']:6.1f} tok/s decode   x HF-runtime AR "
+                     f"{r.get('speedup_vs_ar') or 1:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+                     + f"   weights {r['weight_bytes'] / 1e6:.0f} MB"
+                     + (f", streaming {share:.0%} of a step" if share else ""))
+    for rt, f in res["forward"].items():
+        lines.append(f"{rt:5s} t(n) = {f['fit']['a_s'] * 1e3:.1f} ms + {f['fit']['b_s'] * 1e3:.2f} ms × n;   v(n): "
+                     + ", ".join(f"{n}: {v:.2f}" for n, v in f["v"].items()))
+    for rt, e in res["quant_error"].items():
+        lines.append(f"{rt} against the checkpoint's weights: the same greedy token at {e['greedy_agreement']:.1%} "
+                     f"of {e['positions']} positions, logit error max {e['max_abs_logit_error']:.2f}, "
+                     f"mean {e['mean_abs_logit_error']:.3f}")
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,32 +151,13 @@ def main(argv: list[str] | None = None) -> int:
 
     records = specbench.read_prompts(path or HELDOUT_PROMPTS)
     prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), 1, args.max_new_tokens)
-    labels = ["ar", "ar@lean", "ar@int8", "ar@int4", "hf"]
-    machine = cost.memory_bandwidth(device=Runner.for_model(model).device)
-    results = bench(model, tok, prompts, labels, args.max_new_tokens, args.repeats, v={1: 1.0})
-    streaming(model, results, "hf", machine["read_GBps"])
-    ctx = cost.context_for(model, tok, prompts, args.max_new_tokens)
-    forwards = forward_costs(model, ctx, repeats=7)
-    err = quant_error(model, tok, prompts, args.max_new_tokens)
-    for m in labels:
-        r = results[m]
-        share = r.get("streaming_share")
-        print(f"{m:8s} {r['decode_tokens_per_s']:6.1f} tok/s decode  x hf AR {r.get('speedup_vs_ar') or 1:.2f} "
-              f"{r.get('speedup_interval') or ''}  weights {r['weight_bytes'] / 1e6:.0f} MB"
-              + (f", streaming {share:.0%} of a step" if share else ""))
-    for rt, f in forwards.items():
-        print(f"{rt:5s} t(n) = {f['fit']['a_s'] * 1e3:.2f} ms + {f['fit']['b_s'] * 1e3:.3f} ms * n;  v: "
-              + ", ".join(f"{n}: {v:.2f}" for n, v in f["v"].items()))
-    for rt, e in err.items():
-        print(f"{rt} vs the checkpoint's weights: greedy agreement {e['greedy_agreement']:.4f} over "
-              f"{e['positions']} positions, logit error max {e['max_abs_logit_error']:.3f} "
-              f"mean {e['mean_abs_logit_error']:.4f}")
+    res = measure(model, tok, prompts, args.max_new_tokens, args.repeats)
+    print(report(res))
     if args.json:
         body = {"provenance": provenance(command_line("runtimes", argv), None, timing=TIMING,
                                          **model_facts(args.model, model)),
-                "settings": {**{k: v for k, v in vars(args).items() if k != "json"}, "context": ctx,
-                             "prompts": str(path or HELDOUT_PROMPTS)},
-                "machine": machine, "ar": {m: results[m] for m in labels}, "forward": forwards, "quant_error": err}
+                "settings": {**{k: v for k, v in vars(args).items() if k != "json"}, "context": res.pop("context"),
+                             "prompts": str(path or HELDOUT_PROMPTS)}, **res}
         atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0

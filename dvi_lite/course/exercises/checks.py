@@ -256,13 +256,14 @@ class _ScriptedDrafter(EarlyExitDrafter):
         super().__init__(runner, split=1, K=k_max, threshold=eta)
         self.script = [torch.tensor([[[c, 0.0]]]) for c in confidences]  # (1, 1, 2) each
 
-    def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def exit_scores(self, h: torch.Tensor) -> torch.Tensor:
         return self.script.pop(0)
 
 
 def _drafter_length(confidences: list[float], eta: float | None, k_max: int) -> int:
     identity = lambda x: x  # noqa: E731 - the scripted "logits" are the confidences themselves
-    sampler = SimpleNamespace(greedy=True, probs=identity, confidence=identity)
+    # the sampled path reads the sampler's confidence (the greedy path computes its own softmax)
+    sampler = SimpleNamespace(greedy=False, probs=identity, confidence=identity)
     state = SimpleNamespace(cache=SimpleNamespace(crop=lambda *a: None), committed=5, remaining=10 ** 6, pending=0,
                             device=torch.device("cpu"), sampler=sampler, gen=None)
     return len(_ScriptedDrafter(confidences, eta, k_max).propose(state))

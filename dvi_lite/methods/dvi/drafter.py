@@ -50,14 +50,13 @@ class DVIDrafter(EarlyExitDrafter):
         # drafting only: the policy merged into the model's dtype (a snapshot); a learning drafter uses the policy
         self.merged = MergedExit(policy, runner.lm_head.weight.dtype) if merged and not collect else None
 
-    def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def exit_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """(1, n, D) -> (1, n, N) on the drafter's map (N = V without one), in the model's dtype."""
         if self.merged is not None:
-            logits = self.merged.logits(h, self.runner.lm_head, self.vocab)  # (1, n, N) or (1, n, V)
-            return logits if self.vocab is None else self.vocab.expand(logits)
+            return self.merged.logits(h, self.runner.lm_head, self.vocab)
         if self.vocab is None:
-            return self.policy(h).to(self.runner.lm_head.weight.dtype)  # (1, n, V)
-        small = self.policy.logits(h, self.vocab)  # (1, n, N)
-        return self.vocab.expand(small.to(self.runner.lm_head.weight.dtype))  # (1, n, V), -inf off the map
+            return self.policy(h).to(self.runner.lm_head.weight.dtype)
+        return self.policy.logits(h, self.vocab).to(self.runner.lm_head.weight.dtype)
 
     def extra_params(self) -> int:
         """Values DVI adds to the target: the whole policy (exit MLP copy incl. its frozen weights, a trained head's

@@ -131,13 +131,13 @@ class KangarooDrafter(EarlyExitDrafter):
         self.cache = KVCache.for_model(self.runner.model, state.cache.max_len, n_layers=1)
         self.todo = [state.prefill_hidden[self.split]]  # the prompt's exit-layer states, fed on first use
 
-    def exit_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def exit_scores(self, h: torch.Tensor) -> torch.Tensor:
         x = torch.cat(self.todo + [h], 1)  # (1, n, D): unseen committed states, then this input
         self.todo = []
         past = len(self.cache)
         pos = (past + torch.arange(x.shape[1], device=x.device))[None]
         out = self.adapter(x, self.runner.rotary(x, pos), self.cache, chain_mask(x.shape[1], past, x.device))
-        return self.head_logits(out[:, -1:])
+        return self.head_scores(out[:, -1:])  # (1, 1, N)
 
     def extra_params(self) -> int:
         return self.adapter.extra_params() + super().extra_params()
