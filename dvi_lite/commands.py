@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "choose the SpS draft's layers: alpha by decoding, c by one bench round, best K by the cost model"),
     "draft-verify-recipe": ("dvi_lite.methods.draft_verify.recipe:main",
                             "search a skip set with the low-noise objective (alpha + cost model), BO vs baselines"),
+    "draft-verify-compare": ("dvi_lite.methods.draft_verify.compare:main",
+                             "BO vs random vs uniform skip sets over several seeds, held out, with intervals"),
     "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),
     "medusa-train": ("dvi_lite.methods.medusa.train:main", "distil Medusa heads from the frozen model"),
     "eagle-train": ("dvi_lite.methods.eagle.train:main", "train the EAGLE head from the stored target outputs"),

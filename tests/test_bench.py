@@ -253,5 +253,7 @@ def test_why_they_differ_is_computed_from_the_measured_row():
     row = {"tau": 1.5, "predicted_speedup": 1.0, "c": 0.1, "draft_depth_per_step": 2.0, "alpha": 0.3}
     text = why("kangaroo", row, 2.0)  # step = 1.5 forwards: verify 1.3 + K c 0.2; 2x needs tau 3.0 = K + 1
     assert "step costing 1.50 forwards (verify 1.30 + K·c 0.20)" in text and "needs τ ≥ 3.00" in text
-    assert "no acceptance suffices" in why("kangaroo", row, 2.5)  # 3.75 > K + 1 = 3
+    assert "no acceptance suffices" in why("sps", row, 2.5)  # 3.75 > K + 1 = 3, at a fixed draft length
+    gated = why("kangaroo", row, 2.5)  # a confidence gate: the measured K is an outcome, not a limit
+    assert "K is an outcome" in gated and "no acceptance suffices" not in gated
     assert "in-engine" in why("hf_assisted", {"tokens_per_s": 10.0})

@@ -328,3 +328,16 @@ def test_recipe_results_keep_the_search_evidence():
     assert out["arms"]["bo"]["search"] == out["search"] and out["arms"]["bo"]["skip"] == {"attn": [2], "mlp": [1, 2]}
     assert out["arms"]["bo"]["alpha"] == 0.5 and out["arms"]["bo"]["k"] == 3 and out["arms"]["bo"]["set"] == [1, 2]
     assert out["arms"]["bo"]["nan"] is None
+
+
+def test_objective_labels_default_to_the_full_models_own_argmax(model):
+    """Without labels the calibration scores against the full model's own argmax on the same rows: the labels are
+    those a full forward gives, and skipping nothing scores exactly 1 (the record's labels, from a longer
+    context, scored 0.83 / 0.74 there)."""
+    from dvi_lite.methods.draft_verify.objective import Calibration
+
+    spans = [(3, 11), (0, 8), (2, 6)]
+    own = Calibration(model, ROWS, spans, batch_size=2)
+    given = _calibration(model, spans, batch_size=2)
+    assert all(torch.equal(a.target, b.target) for a, b in zip(own.batches, given.batches, strict=True))
+    assert own.agreement(Skip()) == 1.0 and own.agreement(SKIPS[0]) == given.agreement(SKIPS[0])

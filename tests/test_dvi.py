@@ -123,7 +123,11 @@ def test_the_merged_inference_copy_drafts_what_the_policy_drafts(deep_model):
         half = MergedExit(pol, torch.bfloat16).logits(h.bfloat16(), head16, None)
         assert (half.float().argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     assert DVIDrafter(Runner.for_model(deep_model), pol, collect=True).merged is None
-    assert DVIDrafter(Runner.for_model(deep_model), pol).merged is not None
+    first = DVIDrafter(Runner.for_model(deep_model), pol).merged
+    assert first is not None and DVIDrafter(Runner.for_model(deep_model), pol).merged is first  # kept
+    tr.train(1)  # a training step changes the policy: the next drafter merges it again
+    again = DVIDrafter(Runner.for_model(deep_model), tr.policy).merged
+    assert again is not first and (again.logits(h, deep_model.lm_head, None) - tr.policy(h)).abs().max() < 1e-4
 
 
 def test_feedback_records_tested_drafts_with_verifier_logits(deep_model):

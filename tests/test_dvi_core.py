@@ -114,6 +114,19 @@ def test_reinforce_hand_computed():
     assert reinforce_loss(s, tokens, torch.tensor([1.0, 1.0]), 1.0).item() == pytest.approx(0.0, abs=1e-7)
 
 
+def test_accepted_only_policy_term_is_the_reference_default():
+    """The reference trainer's default: the accepted drafts' -(r - b) log pi only; a rejected draft adds nothing."""
+    from dvi_lite.methods.dvi.losses import accepted_reinforce_loss
+
+    s = logits_of([0.2, 0.3, 0.5], [0.6, 0.3, 0.1])
+    tokens, rewards, b = torch.tensor([2, 0]), torch.tensor([1.0, 0.0]), 0.25
+    want = -(1 - 0.25) * math.log(0.5)  # the accepted row alone, averaged over the one accepted draft
+    assert accepted_reinforce_loss(s, tokens, rewards, b).item() == pytest.approx(want, rel=1e-6)
+    g = s.clone().requires_grad_(True)
+    accepted_reinforce_loss(g, tokens, torch.zeros(2), b).backward()  # nothing accepted: zero loss, zero gradient
+    assert float(g.grad.abs().sum()) == 0.0
+
+
 def test_reinforce_gradient_sign():
     s = logits_of([0.2, 0.3, 0.5], [0.6, 0.3, 0.1]).requires_grad_(True)
     tokens, rewards, b = torch.tensor([2, 0]), torch.tensor([1.0, 0.0]), 0.25

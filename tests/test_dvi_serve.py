@@ -63,7 +63,7 @@ def test_saved_bf16_head_loads_with_its_vocab(deep_model, tmp_path):
 
 def test_ablation_arms_differ_only_in_the_objective():
     dvi, kl, rl = (arm_config(a, split=3) for a in ("dvi", "kl", "rl"))
-    assert set(ARMS) == {"dvi", "kl", "rl"} and dvi.rl_variant == "reinforce" and dvi.ce_weight > 0
+    assert set(ARMS) == {"dvi", "kl", "rl", "reference"} and dvi.rl_variant == "reinforce" and dvi.ce_weight > 0
     assert all(lambda_schedule(t, kl.t_lambda, kl.kl_floor) == 1.0 for t in (0, 5, 500))  # KL only, reward unread
     assert lambda_schedule(1, rl.t_lambda, rl.kl_floor) == 0.0 and rl.ce_weight == 0.0  # reward only after t = 0
     same = {k for k, v in dvi.to_dict().items() if v == kl.to_dict()[k] == rl.to_dict()[k]}

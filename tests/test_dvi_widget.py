@@ -53,7 +53,7 @@ def test_construction_is_cheap_and_findable(deep_model):
     assert w.t_lambda.value == pytest.approx(10.0) and w.kl_floor.value == pytest.approx(0.05)
     assert w.ce_weight.value == pytest.approx(cfg.ce_weight)
     assert w.rl_variant.value == cfg.rl_variant and w.lr.value == pytest.approx(cfg.lr)
-    assert set(w.rl_variant.options) == {"surrogate", "reinforce"}
+    assert set(w.rl_variant.options) == {"surrogate", "reinforce", "accepted"}
     w.t_lambda.value = 50.0
     assert cfg.t_lambda == 10.0 and w.cfg.t_lambda == 50.0
     ui = w.ui

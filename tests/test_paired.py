@@ -56,3 +56,25 @@ def test_steady_takes_the_median_and_never_prices_more_tokens_below_fewer():
     assert v == {1: 1.0, 2: 1.0, 5: 1.15, 9: 1.15}  # non-decreasing envelope of the medians
     with pytest.raises(ValueError, match="tables"):
         cost.steady([])
+
+
+def _timed(*pairs):
+    """One round: (decode tokens, decode seconds) per prompt."""
+    return [{"decode_tokens": t, "decode_s": s, "new_tokens": t + 1, "total_s": s + 0.5} for t, s in pairs]
+
+
+def test_pooled_weighs_each_prompt_by_its_time_and_the_median_does_not():
+    """Two short prompts where the method is 2x AR and one long prompt where it is 1x AR: the median of per-prompt
+    ratios says 2, the pooled ratio (total tokens over total time) is pulled toward the long prompt's 1."""
+    ar = [_timed((10, 1.0), (10, 1.0), (100, 10.0))]
+    m = [_timed((10, 0.5), (10, 0.5), (100, 10.0))]
+    p = paired.pooled(m, ar)
+    assert p["pooled"] == pytest.approx((120 / 11.0) / (120 / 12.0)) and p["n"] == 3
+    assert p["lo"] <= p["pooled"] <= p["hi"] and paired.pooled(m, ar) == p  # seeded
+    assert paired.pooled([_timed((5, 1.0))], [_timed((5, 2.0))]) == {"pooled": 2.0, "lo": 2.0, "hi": 2.0, "n": 1}
+    assert paired.pooled([_timed((0, 0.0))], [_timed((5, 2.0))])["pooled"] is None  # no decode phase: no rate
+
+
+def test_versus_divides_two_methods_within_each_prompt():
+    v = paired.versus([2.0, 1.5, None, 1.2], [1.0, 1.5, 1.1, 0.0])
+    assert v["n"] == 2 and v["median"] == pytest.approx(1.5)  # prompts 0 and 1 only (None, and B without a rate)

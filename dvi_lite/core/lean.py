@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from dvi_lite.core.kvcache import KVCache
-from dvi_lite.core.runner import Runner, Skip, chain_mask, tree_mask
+from dvi_lite.core.runner import Runner
 
 RUNTIMES = ("hf", "lean", "int8", "int4")  # hf: the model's own modules (the reference); lean: this file; int8 /
 # int4: lean with quantized linear layers (int4: 4-bit layers, an 8-bit LM head)
@@ -255,32 +255,20 @@ class LeanRunner(Runner):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_w)  # (1, n) -> (1, n, D)
 
-    def layers_forward(self, h: torch.Tensor, cache: KVCache | None, positions: torch.Tensor,
-                       start: int = 0, end: int | None = None, parents: torch.Tensor | None = None,
-                       skip: Skip | None = None, mask: torch.Tensor | None = None,
-                       capture: dict[int, torch.Tensor | None] | None = None) -> torch.Tensor:
-        """As `Runner.layers_forward` (same arguments, same meaning), on the packed weights."""
+    def layers_forward(self, h: torch.Tensor, cache: KVCache | None, positions: torch.Tensor, *args, **kwargs):
+        """`Runner.layers_forward` (the same loop, arguments and meaning) over this file's layer pieces below."""
         if h.shape[0] != 1 and cache is not None:
             raise ValueError(f"the lean runtime caches batch 1 only, got a batch of {h.shape[0]}")
-        end = self.n_layers if end is None else end
-        if capture is not None and start in capture:
-            capture[start] = h
-        n = h.shape[1]
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (1 or B, 1, n, Dh)
-        masks: dict[int, torch.Tensor | None] = {}
-        for i in range(start, end):
-            if skip is None or i not in skip.attn:
-                past = cache.lens[i] if cache is not None else 0
-                if mask is not None:
-                    masks[past] = mask
-                elif past not in masks:
-                    masks[past] = chain_mask(n, past, h.device) if parents is None else tree_mask(parents, past)
-                h = h + self.attend(i, self.rms(h, self.packed[i].ln1), cache, cos, sin, masks[past])
-            if skip is None or i not in skip.mlp:
-                h = h + self.mlp(i, self.rms(h, self.packed[i].ln2))
-            if capture is not None and i + 1 in capture:
-                capture[i + 1] = h
-        return h
+        return super().layers_forward(h, cache, positions, *args, **kwargs)
+
+    def position_table(self, h: torch.Tensor, positions: torch.Tensor):
+        return self.cos[positions][:, None], self.sin[positions][:, None]  # (1 or B, 1, n, Dh) each
+
+    def attn_block(self, i: int, h: torch.Tensor, cache, pe, mask: torch.Tensor | None, extra: dict) -> torch.Tensor:
+        return self.attend(i, self.rms(h, self.packed[i].ln1), cache, *pe, mask)
+
+    def mlp_block(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(i, self.rms(h, self.packed[i].ln2))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: (1, n, D) -> (1, n, V)."""

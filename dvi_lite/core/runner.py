@@ -188,13 +188,12 @@ class Runner:
         if capture is not None and start in capture:
             capture[start] = h
         n = h.shape[1]
-        pe = self.rotary(h, positions)
+        pe = self.position_table(h, positions)
         masks: dict[int, torch.Tensor | None] = {}
         kernel = parents is not None and mask is None and self.tree_kernel is not None
         extra = {"tree_attend": self.tree_kernel(parents)} if kernel else {}  # to hf_tree_attention, via the module
         with _attention_implementation(self._attn_configs, HF_TREE_ATTENTION) if kernel else nullcontext():
             for i in range(start, end):
-                layer = self.layers[i]
                 if skip is None or i not in skip.attn:
                     past = cache.lens[i] if cache is not None else 0
                     if kernel:
@@ -203,14 +202,29 @@ class Runner:
                         masks[past] = mask
                     elif past not in masks:
                         masks[past] = chain_mask(n, past, h.device) if parents is None else tree_mask(parents, past)
-                    a, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe,
-                                           attention_mask=masks[past], past_key_values=cache, **extra)
-                    h = h + a
+                    h = h + self.attn_block(i, h, cache, pe, masks[past], extra)
                 if skip is None or i not in skip.mlp:
-                    h = h + layer.mlp(layer.post_attention_layernorm(h))
+                    h = h + self.mlp_block(i, h)
                 if capture is not None and i + 1 in capture:
                     capture[i + 1] = h  # h is rebound, never written in place: the kept tensor stays as it is
         return h
+
+    # The three pieces of a layer stack that a runtime replaces (core.lean): the loop above stays one loop.
+    def position_table(self, h: torch.Tensor, positions: torch.Tensor):
+        """What attention rotates by at `positions` (1, n): the model's rotary (cos, sin)."""
+        return self.rotary(h, positions)
+
+    def attn_block(self, i: int, h: torch.Tensor, cache, pe, mask: torch.Tensor | None, extra: dict) -> torch.Tensor:
+        """Layer i's attention on its normed input: (1, n, D) -> the residual update (1, n, D); appends K, V."""
+        layer = self.layers[i]
+        a, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask,
+                               past_key_values=cache, **extra)
+        return a
+
+    def mlp_block(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP on its normed input: (1, n, D) -> the residual update (1, n, D)."""
+        layer = self.layers[i]
+        return layer.mlp(layer.post_attention_layernorm(h))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: (1, n, D) -> (1, n, V)."""

@@ -66,6 +66,11 @@ def summarise(rounds: dict[str, list[dict]], n_prompts: int, v: Mapping | None =
             "domains": gtps,  # {group: tokens/s end to end}, the old key; "groups" has the rest
             "groups": {d: {"tokens_per_s": gtps[d], "tau": _tau(g), "n_prompts": g["n"], "new_tokens": g["new_tokens"]}
                        for d, g in last["domains"].items()},
+            # per question (the last round): tau and the distinct-token fraction, so a looping answer, which
+            # is easy to guess, shows up beside the speedup it would carry
+            "tau_per_prompt": [(p["accepted"] + p["steps"]) / p["steps"] if p.get("steps") and p.get("drafted")
+                               else None for p in last["prompts"]],
+            "distinct_per_prompt": [p.get("distinct") for p in last["prompts"]],
             "position_acceptance": position_acceptance(last["log"]),
             "position_reached": [n for n, _ in position_counts(last["log"])],  # events behind each rate
             "draft_s_per_step": last["draft_s"] / steps if steps else None,
@@ -90,6 +95,9 @@ def _paired(r: dict, rs: list[dict], ar: list[dict], groups: list[str] | None) -
     r.update(speedup_vs_ar=dec["median"], speedup_interval=[dec["lo"], dec["hi"]],
              speedup_vs_ar_e2e=e2e["median"], speedup_interval_e2e=[e2e["lo"], e2e["hi"]],
              speedup_per_prompt=dec["per_prompt"], speedup_confidence=paired.CONFIDENCE)
+    pd, pe = paired.pooled(mine, ref, "decode"), paired.pooled(mine, ref, "end_to_end")
+    r.update(speedup_pooled=pd["pooled"], speedup_pooled_interval=[pd["lo"], pd["hi"]],
+             speedup_pooled_e2e=pe["pooled"], speedup_pooled_interval_e2e=[pe["lo"], pe["hi"]])
     for d, g in r["groups"].items():
         gd, ge = dec.get("groups", {}).get(d, {}), e2e.get("groups", {}).get(d, {})
         g.update(speedup_vs_ar=gd.get("median"), speedup_interval=[gd.get("lo"), gd.get("hi")],

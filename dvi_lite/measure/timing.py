@@ -126,7 +126,11 @@ def add_run(agg: dict, rec: dict, res, peak: int | None) -> None:
     for key, x in zip(GROUP_SUMS, (1, s.new_tokens, s.total_s, steps, acc, drafted), strict=True):
         d[key] += x
     agg["outputs"].append(res.token_ids)
-    agg["prompts"].append(paired.rates(s.new_tokens, s.total_s, s.prefill_s))
+    decoded = s.new_tokens > 1  # a decode phase to measure: the tokens after the first, and their time
+    agg["prompts"].append({**paired.rates(s.new_tokens, s.total_s, s.prefill_s), "new_tokens": s.new_tokens,
+                           "total_s": s.total_s, "decode_tokens": s.new_tokens - 1 if decoded else 0,
+                           "decode_s": s.total_s - s.prefill_s if decoded else 0.0, "steps": steps, "accepted": acc,
+                           "drafted": drafted, "distinct": len(set(res.token_ids)) / max(1, len(res.token_ids))})
     if peak is not None:  # CPU tensors have no allocator counter: study.memory's accounting stands in
         agg["peak_mem_bytes"] = max(peak, agg["peak_mem_bytes"] or 0)
 

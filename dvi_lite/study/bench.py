@@ -23,7 +23,6 @@ Speed is measured, never asserted in tests. The JSON shape is stable (other tool
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from dvi_lite.core.generate import generate
 from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost
-from dvi_lite.measure.provenance import provenance
+from dvi_lite.measure.provenance import provenance, results_json
 from dvi_lite.measure.timing import TIMING, bench, check_method, parse_spec, split_runtime
 from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": settings, "verify_cost": v, "verify_cost_rounds": calib["rounds"],
                 "verify_cost_below_one": calib["below_one"], "machine": machine, "methods": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
+        atomic_write_text(Path(args.json), results_json(body))
         print(f"wrote {args.json}")
     return 0
 

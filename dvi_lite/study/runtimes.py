@@ -16,7 +16,6 @@ Three measurements, one per question a learner asks before trusting a speedup me
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from dvi_lite.core.generate import generate, prompt_ids
 from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure import cost
-from dvi_lite.measure.provenance import provenance
+from dvi_lite.measure.provenance import provenance, results_json
 from dvi_lite.measure.timing import TIMING, bench
 from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                                          **model_facts(args.model, model)),
                 "settings": {**{k: v for k, v in vars(args).items() if k != "json"}, "context": res.pop("context"),
                              "prompts": str(path or HELDOUT_PROMPTS)}, **res}
-        atomic_write_text(Path(args.json), json.dumps(body, indent=2) + "\n")
+        atomic_write_text(Path(args.json), results_json(body))
         print(f"wrote {args.json}")
     return 0
 

@@ -149,14 +149,17 @@ class Calibration:
     """Scored positions of some rows, with the full model's prefix KV computed once (`agreement` reads it).
 
     rows: token id lists; spans: per row, the (start, end) positions scored (position t predicts t + 1);
-    targets: per row, the full model's argmax at every position (the teacher's top_ids[..., 0]).
+    targets: per row, the label at every position; None (the default, and what the search uses): the full
+    model's own argmax on the same row, from the forward that records the prefix KV. Labels taken elsewhere (a
+    teacher that saw a longer context than the row) would be missed by the full model itself, and skipping nothing
+    would score below 1: the noise would then swamp the differences between skip sets.
     max_positions: at most this many scored positions per row, evenly spaced over its span.
     """
 
     @torch.no_grad()
-    def __init__(self, model, rows: list[list[int]], spans: list[tuple[int, int]], targets: list[list[int]],
-                 batch_size: int = 8, max_positions: int | None = None):
-        if not rows or len(rows) != len(spans) or len(rows) != len(targets):
+    def __init__(self, model, rows: list[list[int]], spans: list[tuple[int, int]],
+                 targets: list[list[int]] | None = None, batch_size: int = 8, max_positions: int | None = None):
+        if not rows or len(rows) != len(spans) or (targets is not None and len(rows) != len(targets)):
             raise ValueError("rows, spans and targets must be non-empty lists of the same length")
         self.runner = r = Runner.for_model(model)
         check_int("batch_size", batch_size, 1)
@@ -181,13 +184,18 @@ class Calibration:
                 toks[j, : len(rows[i])] = torch.tensor(rows[i])
             toks = toks.to(r.device)  # (B, T), right-padded: a causal forward never reads the padding
             rec = _Recorder(r.n_layers)
-            r.layers_forward(r.embed(toks), rec, torch.arange(t, device=r.device)[None].expand(len(chunk), -1))
+            h = r.layers_forward(r.embed(toks), rec, torch.arange(t, device=r.device)[None].expand(len(chunk), -1))
             pos = torch.zeros(len(chunk), n, dtype=torch.long)
             target = torch.full((len(chunk), n), -1, dtype=torch.long)
             for j, (i, ts) in enumerate(zip(chunk, picks, strict=True)):
                 pos[j, : len(ts)] = torch.tensor(ts)
-                target[j, : len(ts)] = torch.tensor([targets[i][q] for q in ts])
+                if targets is not None:
+                    target[j, : len(ts)] = torch.tensor([targets[i][q] for q in ts])
             pos, target = pos.to(r.device), target.to(r.device)
+            if targets is None:  # the full model's own argmax at the picked positions (only those rows' logits)
+                own = r.logits(h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1]))).argmax(-1)  # (B, n)
+                target = torch.where(torch.arange(n, device=r.device)[None] < torch.tensor(
+                    [len(p) for p in picks], device=r.device)[:, None], own, target)
             before = torch.arange(t, device=r.device)[None, None, :] < pos[:, :, None]  # (B, n, T)
             self_ = torch.eye(n, dtype=torch.bool, device=r.device)[None].expand(len(chunk), -1, -1)  # (B, n, n)
             mask = torch.cat([before, self_], dim=-1)[:, None]  # (B, 1, n, T + n)

@@ -117,9 +117,10 @@ def uniform_sublayers(n_layers: int, ratio: float) -> Skip:
 
 
 def _calibration(model, data, rows, spans, cfg: RecipeConfig) -> Calibration:
+    """The rows' scored positions, each labelled with the full model's own argmax on the same tokens (not the
+    record's labels, which came from a longer context: the full model would miss some of them itself)."""
     toks = [data.tokens[i, : int(data.mask[i].sum())].tolist() for i in rows]
-    targets = [data.top_ids[i, :, 0].tolist() for i in rows]
-    return Calibration(model, toks, spans, targets, cfg.batch_size, cfg.max_positions)
+    return Calibration(model, toks, spans, None, cfg.batch_size, cfg.max_positions)
 
 
 def run_recipe(model, tok, data, cfg: RecipeConfig, v, progress: bool = True) -> dict:

@@ -41,7 +41,7 @@ from dvi_lite.commands import add_force, command_line, require_positive, run_or_
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.ablation import paper_ablation
-from dvi_lite.methods.dvi.config import HEADS, DVIConfig
+from dvi_lite.methods.dvi.config import HEADS, RL_VARIANTS, DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
 from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
@@ -133,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--slow", action="store_true",
                     help="enable slow updates of lora_D (lossless w.r.t. the UPDATED verifier)")
-    ap.add_argument("--rl", default=DVIConfig.rl_variant, choices=["surrogate", "reinforce"])
+    ap.add_argument("--rl", default=DVIConfig.rl_variant, choices=list(RL_VARIANTS))
     ap.add_argument("--t-lambda", type=float, default=None, help="T_λ, lambda's time constant (default: steps / 5)")
     ap.add_argument("--kl-floor", type=float, default=DVIConfig.kl_floor)
     ap.add_argument("--lr", type=float, default=DVIConfig.lr)
@@ -163,7 +163,8 @@ def parser() -> argparse.ArgumentParser:
     paper_args.add_argument("--ablation", action="store_true",
                             help="DVI vs KL-only vs pure RL at equal tokens, for every --seeds (needs --data)")
     paper_args.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="ablation seeds (default 0,1,2)")
-    paper_args.add_argument("--arms", default="dvi,kl,rl", help="ablation arms (comma-separated)")
+    paper_args.add_argument("--arms", default="dvi,kl,rl,reference",
+                            help="ablation arms (comma-separated, among dvi, kl, rl, reference)")
     paper_args.add_argument("--json", default=None, help="the ablation's result file (e.g. results/...json)")
     add_renamed_flags(ap, "k", "tau")  # --k, --tau: an error naming --K, --t-lambda
     return ap

@@ -12,7 +12,7 @@ from typing import Any
 
 from dvi_lite.core.checks import RenamedFields, default_split, is_int, is_real
 
-RL_VARIANTS = ("reinforce", "surrogate")
+RL_VARIANTS = ("reinforce", "surrogate", "accepted")  # accepted: the reference trainer's default
 HEADS = ("shared", "trained")  # the draft LM head: the model's own, frozen; or a trainable copy of its rows
 
 

@@ -48,7 +48,7 @@ class DVIDrafter(EarlyExitDrafter):
         self.collect = collect
         self._pending: list[tuple[torch.Tensor, ...]] = []
         # drafting only: the policy merged into the model's dtype (a snapshot); a learning drafter uses the policy
-        self.merged = MergedExit(policy, runner.lm_head.weight.dtype) if merged and not collect else None
+        self.merged = MergedExit.of(policy, runner.lm_head.weight.dtype) if merged and not collect else None
 
     def exit_scores(self, h: torch.Tensor) -> torch.Tensor:
         """(1, n, D) -> (1, n, N) on the drafter's map (N = V without one), in the model's dtype."""

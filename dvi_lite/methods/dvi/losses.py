@@ -6,9 +6,10 @@ Notation: p = target / verifier distribution, q = pi = draft distribution. Losse
   * lambda_schedule / lambda_curve: the KL weight lambda_t = max(kl_floor, exp(-t / T_λ)).
   * Fast update (the draft, every `fast_every` experiences):
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
-    where L_RL is (default, the paper's) the policy-gradient term on the accept bit, -(r - b) log q(token)
-    with an EMA baseline b, or (rl_variant="surrogate") -log q(top1(p)), which never reads the reward:
-    with it DVI is online distillation.
+    where L_RL is the policy-gradient term on the accept bit, -(r - b) log q(token) with an EMA baseline b,
+    over every tested draft (rl_variant="reinforce", our default) or over the accepted drafts only
+    ("accepted", the reference trainer's default), or (rl_variant="surrogate") -log q(top1(p)), which never
+    reads the reward: with it DVI is online distillation.
   * What the policy-gradient term is, as run: a biased, greedy-action policy-gradient surrogate, not an
     unbiased REINFORCE estimate of grad E[r]. The drafted token is the argmax of q (greedy drafting), not a
     sample of q, and the replay buffer re-uses tokens drafted by older policies without importance weights.
@@ -101,6 +102,22 @@ def reinforce_loss(student_logits: torch.Tensor, tokens: torch.Tensor, rewards: 
     return -(adv.to(logq_tok.device) * logq_tok).mean()
 
 
+def accepted_reinforce_loss(student_logits: torch.Tensor, tokens: torch.Tensor, rewards: torch.Tensor,
+                            baseline: float | torch.Tensor) -> torch.Tensor:
+    """The reference trainer's default policy term: -(r - b) * log pi(token), averaged over the ACCEPTED
+    experiences of the batch only (r = 1); rejections add nothing to it (the KL still sees every experience).
+    A batch with no accepted experience gives 0. `reinforce_loss` is the same term over every experience, so a
+    rejected draft (r = 0 < b) is pushed down too: our variant, not the reference's default."""
+    logq = F.log_softmax(_rows(student_logits), dim=-1)  # (N, V)
+    logq_tok = logq.gather(-1, tokens.reshape(-1, 1).long()).squeeze(-1)  # (N,)
+    r = rewards.reshape(-1).float().to(logq_tok.device)
+    acc = r == 1.0  # (N,)
+    if not bool(acc.any()):
+        return logq_tok.sum() * 0.0  # keeps the graph: zero gradient
+    adv = (r[acc] - torch.as_tensor(baseline, dtype=torch.float32)).detach()
+    return -(adv * logq_tok[acc]).mean()
+
+
 def surrogate_loss(student_logits: torch.Tensor, teacher_top1: torch.Tensor) -> torch.Tensor:
     """Surrogate policy term: -log pi(v_top1), mean; v_top1 = the verifier's greedy token.
 
@@ -129,8 +146,9 @@ def fast_loss(batch: dict[str, torch.Tensor], cfg: DVIConfig, step: int,
 
         L = (1 - lambda_t) * L_RL + lambda_t * KL(p || q) + ce_weight * ce_decay**t * CE(q, top1(p))
 
-    L_RL reads the rewards with rl_variant="reinforce" (the default, the paper's objective); with
-    "surrogate" it is -log q(top1(p)) and the loss does not depend on the rewards at all.
+    L_RL reads the rewards with rl_variant="reinforce" (our default: every tested draft) or "accepted" (the
+    reference trainer's default: accepted drafts only); with "surrogate" it is -log q(top1(p)) and the loss does
+    not depend on the rewards at all.
 
     batch: "student_logits" (B, V) computed by the caller from the stored h_k (with grad),
     "teacher_logits" (B, V), "tokens" (B,) the drafted tokens, "rewards" (B,) the accept bits
@@ -149,6 +167,8 @@ def fast_loss(batch: dict[str, torch.Tensor], cfg: DVIConfig, step: int,
     top1 = t.detach().argmax(-1)  # (B,)
     if cfg.rl_variant == "reinforce":
         l_rl = reinforce_loss(s, batch["tokens"], batch["rewards"], baseline)
+    elif cfg.rl_variant == "accepted":
+        l_rl = accepted_reinforce_loss(s, batch["tokens"], batch["rewards"], baseline)
     else:
         l_rl = surrogate_loss(s, top1)
     l_kl = kl_loss(t, s, cfg.teacher_temperature)

@@ -37,6 +37,17 @@ class MergedExit:
             self.head_w = policy.head_weight.detach().to(dtype)  # (N, D)
             self.head_b = None if policy.head_bias is None else policy.head_bias.detach().to(dtype)
 
+    @classmethod
+    def of(cls, policy: DVIPolicy, dtype: torch.dtype) -> "MergedExit":
+        """The merged copy of `policy` in `dtype`, built once and kept on the policy until a parameter changes
+        (an optimizer step bumps its tensor version): a generate per question no longer re-merges the block."""
+        key = (dtype, tuple(p._version for p in policy.parameters()), tuple(b._version for b in policy.buffers()))
+        kept = policy.__dict__.get("_dvi_lite_merged")
+        if kept is None or kept[0] != key:
+            kept = (key, cls(policy, dtype))
+            policy.__dict__["_dvi_lite_merged"] = kept
+        return kept[1]
+
     def features(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) h_k -> (..., D) normalised exit features, in the model's dtype."""
         (w1, e1), (w2, e2) = self.norms

@@ -9,7 +9,8 @@ model answers a stream of user questions. The stream is Spec-Bench dev's *traini
     ARMS / arm_config  the ablation's objectives on one base config: "dvi" (the paper's: KL warm-up with
                        lambda_t, then the reward-driven policy-gradient term with an EMA baseline, plus the
                        CE anchor and the KL floor), "kl" (KL-only online distillation: lambda = 1, no CE),
-                       "rl" (pure RL: lambda = 0 after the first update, no CE, no floor)
+                       "rl" (pure RL: lambda = 0 after the first update, no CE, no floor), "reference" (the
+                       reference trainer's default: the policy term on accepted drafts only, no CE, no floor)
     online_run        one arm over the first `sequences` questions of the stream, then a greedy held-out
                       evaluation (a few bench questions); the learning curve over the stream
     prepare_smollm2   the committed head's recipe (the "dvi" arm), saved in bf16 with a card
@@ -46,6 +47,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "dvi": {},  # the paper's objective (KL warm-up -> reward-driven PG with EMA baseline, CE anchor, KL floor)
     "kl": {"kl_floor": 1.0, "ce_weight": 0.0},  # lambda_t = 1 forever: online KL distillation, reward unread
     "rl": {"kl_floor": 0.0, "t_lambda": 1e-3, "ce_weight": 0.0},  # lambda = 1 only at t = 0, then reward only
+    # the reference trainer's default (train_dvi.py): the policy term on accepted drafts only, no CE, KL to 0
+    "reference": {"rl_variant": "accepted", "ce_weight": 0.0, "kl_floor": 0.0},
 }
 SMOKE = {"sequences": 3, "max_new_tokens": 12, "K": 4, "vocab": None, "max_prompt_tokens": 96,
          "eval_questions": 1, "eval_tokens": 8}

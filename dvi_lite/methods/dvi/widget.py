@@ -11,7 +11,7 @@ Controls (each has a stable `description` and a CSS class, so a browser test can
     t_lambda     FloatLogSlider  "T_λ"          .dvi-t-lambda   lambda's time constant T_λ (fast steps)
     kl_floor     FloatSlider     "KL floor"     .dvi-kl-floor   lambda never drops below it
     ce_weight    FloatSlider     "CE weight"    .dvi-ce-weight  weight of the CE anchor on the verifier's top-1
-    rl_variant   Dropdown        "RL variant"   .dvi-rl-variant "surrogate" | "reinforce"
+    rl_variant   Dropdown        "RL variant"   .dvi-rl-variant "surrogate" | "reinforce" | "accepted"
     lr           FloatLogSlider  "lr"           .dvi-lr         the draft's learning rate
     steps        IntSlider       "steps"        .dvi-steps      N, fast steps per click
     button       Button          "train N steps" .dvi-train
@@ -63,7 +63,8 @@ _TIPS = MappingProxyType({
     "t_lambda": "T_λ, the time constant of lambda_t = max(KL floor, exp(-t / T_λ)), in fast steps",
     "kl_floor": "lambda never drops below this: a residual KL keeps the draft near the verifier",
     "ce_weight": "weight of the CE anchor on the verifier's top-1 (applies on the next training click)",
-    "rl_variant": "surrogate: -log q(top1 of p), low variance; reinforce: -(r - b) log q(token)",
+    "rl_variant": "surrogate: -log q(top1 of p), low variance; reinforce: -(r - b) log q(token) on every tested draft; "
+                  "accepted: the same on accepted drafts only (the reference default)",
     "lr": "the draft's learning rate (applies on the next training click)",
     "steps": "N: fast updates per click of 'train N steps'",
 })
