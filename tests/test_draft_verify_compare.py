@@ -24,9 +24,9 @@ def test_compare_reports_every_arm_per_seed_with_intervals():
 
     res = compare(Deeper(8), Deeper(8, shift=0.01), 8, 0.25, trials=12, seeds=[0, 1, 2], progress=False)
     assert list(res["runs"]) == ["0", "1", "2"] and set(res["uniform"]) == {"uniform_layers", "uniform_sublayers"}
-    s = res["summary"]["heldout_speedup"]
-    assert s["bo"]["n"] == 3 and s["bo"]["ci95"][0] <= s["bo"]["mean"] <= s["bo"]["ci95"][1]
+    a = res["summary"]["heldout_alpha_hat"]  # the objective's acceptance: a count, no clock involved
+    assert a["bo"]["n"] == 3 and a["bo"]["ci95"][0] <= a["bo"]["mean"] <= a["bo"]["ci95"][1]
     for r in res["runs"].values():  # held out = calibration + the shift, for every arm
-        assert r["bo"]["heldout"]["speedup"] == pytest.approx(r["bo"]["calibration"]["speedup"] + 0.01)
-    assert s["bo_minus_random"]["mean"] == pytest.approx(s["bo"]["mean"] - s["random"]["mean"])
+        assert r["bo"]["heldout"]["alpha_hat"] == pytest.approx(r["bo"]["calibration"]["alpha_hat"] + 0.01)
+    assert a["bo_minus_random"]["mean"] == pytest.approx(a["bo"]["mean"] - a["random"]["mean"])
     assert mean_ci([2.0])["ci95"] is None and mean_ci([1.0, 3.0])["mean"] == 2.0

@@ -149,3 +149,22 @@ def test_sps_sizing_names_a_missing_draft(tmp_path, capsys):
         sizing.main(["--drafts", str(tmp_path)])
     assert e.value.code == 2
     assert "--drafts" in capsys.readouterr().err
+
+
+def test_sizing_apply_writes_the_picks_best_k_and_sps_reads_it(tmp_path, monkeypatch):
+    """`sps-sizing --apply`: the chosen draft's best K goes into defaults.json, and SpS (and HF assisted) draft
+    with it when no K is given; a draft of one's own keeps the fallback."""
+    import json
+
+    from dvi_lite.methods.sps import drafter
+    from dvi_lite.methods.sps.sizing import apply
+
+    result = tmp_path / "sizing.json"
+    result.write_text(json.dumps({"best_layers": 2, "rows": [
+        {"layers": 1, "best_K": 1, "alpha": 0.1, "c": 0.05}, {"layers": 2, "best_K": 3, "alpha": 0.2, "c": 0.09}]}))
+    defaults = tmp_path / "defaults.json"
+    defaults.write_text(json.dumps({"split": 4}))
+    entry = apply(result, defaults)
+    assert entry["K"] == 3 and json.loads(defaults.read_text()) == {"split": 4, "sps": entry}
+    monkeypatch.setattr(drafter, "model_defaults", lambda model: json.loads(defaults.read_text()))
+    assert drafter.sized_k(object()) == 3 and drafter.sized_k(object(), draft_model="mine") == 4

@@ -41,6 +41,23 @@ def test_outputs_equal_the_models_forward(course):
         data.state(3)
 
 
+def test_soft_targets_replace_hard_labels_by_the_models_top_k(course):
+    """soft_targets: the hard labels of a token record become the target's own top-k, as the teacher computes it."""
+    from dvi_lite.models.teacher import soft_targets
+
+    model, tok = course
+    rows = [tok("def f(x):\n    return x + 1\n")["input_ids"], tok("The cat sat")["input_ids"]]
+    want = teacher_outputs(model, rows, TeacherConfig(layers=(2,), top_k=4, batch_size=2))
+    hard = teacher_outputs(model, rows, TeacherConfig(layers=(2,), top_k=1, batch_size=2))
+    hard.top_logp.zero_()  # as a record gives it: one label, probability 1
+    got = soft_targets(model, hard, top_k=4, batch_rows=1)
+    for i, r in enumerate(rows):
+        assert torch.equal(got.top_ids[i, : len(r)], want.top_ids[i, : len(r)])
+        torch.testing.assert_close(got.top_logp[i, : len(r)].float(), want.top_logp[i, : len(r)].float(),
+                                   atol=2e-3, rtol=1e-3)
+    assert got.card["targets"].startswith("soft: the target's top-4")
+
+
 def test_bad_layers_are_named(course):
     model, _ = course
     with pytest.raises(ValueError, match=r"layers must lie in \[1, 11\].*\[12\]"):

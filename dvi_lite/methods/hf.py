@@ -22,12 +22,14 @@ def hf_generate(model, tokenizer) -> HFBaseline:
     return HFBaseline()
 
 
-def hf_assisted(model, tokenizer, draft_model=None, K: int = 4, **old) -> HFBaseline:
+def hf_assisted(model, tokenizer, draft_model=None, K: int | None = None, **old) -> HFBaseline:
     """transformers' assisted generation with the same draft model as `sps` (this model's committed draft by
-    default: `sps.draft.resolve_draft`), at a constant K."""
+    default: `sps.draft.resolve_draft`), at a constant K (None: SpS's sized K, `sps.drafter.sized_k`)."""
     from dvi_lite.methods.sps.draft import resolve_draft
+    from dvi_lite.methods.sps.drafter import sized_k
 
     reject_renamed(old, "hf_assisted")
+    K = sized_k(model, draft_model) if K is None else K
     return HFBaseline({"assistant_model": resolve_draft(model, draft_model), "num_assistant_tokens": K,
                        "num_assistant_tokens_schedule": "constant"})
 

@@ -175,6 +175,32 @@ def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: i
     return data
 
 
+@torch.no_grad()
+def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4) -> TeacherData:
+    """Replace hard labels (the token record's: the next token, probability 1) by the target's own soft top-k:
+    one full forward over every row in prefill batches, then the `top_k` most likely next tokens and their
+    log-probabilities under the full softmax at every scored position. What a KL warm start distils is then the
+    target's distribution, not the one token it happened to sample. Rows are right-padded and attention is causal:
+    a row's targets do not depend on its padding. The card records what the targets are."""
+    check_int("top_k", top_k, 1)
+    check_int("batch_rows", batch_rows, 1)
+    runner = Runner.for_model(model)
+    n, t = data.tokens.shape
+    ids = torch.zeros(n, t, top_k, dtype=torch.long)
+    logp = torch.full((n, t, top_k), float("-inf"), dtype=torch.float16)
+    for b in tqdm(range(0, n, batch_rows), desc=f"soft top-{top_k} targets"):
+        x = data.tokens[b:b + batch_rows].to(runner.device)  # (B, T)
+        pos = torch.arange(t, device=x.device)[None].expand(x.shape[0], -1)
+        h = runner.layers_forward(runner.embed(x), None, pos)  # (B, T, D)
+        lp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
+        top = lp.topk(top_k, dim=-1)
+        ids[b:b + batch_rows], logp[b:b + batch_rows] = top.indices.cpu(), top.values.to("cpu", torch.float16)
+    data.top_ids, data.top_logp = ids, logp
+    data.card = {**data.card, "targets": f"soft: the target's top-{top_k} log-probabilities by a teacher forward "
+                 "over the record (teacher.soft_targets)"}
+    return data
+
+
 def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None, command: str = "") -> TeacherData:
     """Generate the own answers, run the teacher over them and the corpus windows, save to `path`."""
     from dvi_lite.measure.provenance import provenance

@@ -98,6 +98,17 @@ def render_study(body: dict) -> list[str]:
         out.append(f"| {p['method']} | {p['claim']} ({p['paper']}) | {p['setting']} | {_f(p.get('ours_cpu'))}× | "
                    f"{gpu} | {p['why']} |")
     out.append("")
+    fast = body.get("fast_target")
+    if fast:  # the same greedy study with the target on a faster runtime, each method against that runtime's AR
+        rt, fm = fast["runtime"], fast["methods"]
+        out += [f"The same questions with the target on the {rt} runtime (AR: {_f(g.get('ar', {}).get(rate), 1)} tok/s "
+                f"on hf, {_f(fm.get('ar', {}).get(rate), 1)} on {rt}), each method paired against AR on its own "
+                "runtime\n",
+                f"| method | × AR on hf (90% CI) | predicted | c | × AR on {rt} (90% CI) | predicted | c |",
+                "|---|" + "---:|" * 6]
+        out += [f"| {m} | {_x(g[m])} | {_f(g[m].get('predicted_speedup'))} | {_f(g[m].get('c'))} | {_x(r)} | "
+                f"{_f(r.get('predicted_speedup'))} | {_f(r.get('c'))} |" for m, r in fm.items() if m in g]
+        out.append("")
     for key, title in (("sps_k", "SpS's draft length K (one round)"),
                        ("course_contrast", "The contrast: the course model, fp32, greedy")):
         part = body.get(key)
@@ -108,6 +119,23 @@ def render_study(body: dict) -> list[str]:
                     for m, r in part["methods"].items()]
             out.append("")
     return out
+
+
+def render_runtimes(body: dict) -> list[str]:
+    """Where a token's time goes on each runtime (notebook 00's runtime_split): AR per runtime, its streamed share,
+    and the fitted t(n) = a + b n."""
+    split, prov = body["runtime_split"], body.get("provenance", {})
+    out = [f"**Where a token's time goes on each runtime (00_foundations)** · {prov.get('device', '?')} · commit "
+           f"`{str(prov.get('commit', '?'))[:10]}` · {prov.get('date', '?')} · SmolLM2 bf16, AR paired per question\n",
+           "| runtime | ms per token | weights streamed (ms) | the rest (ms) | × hf AR (90% CI) | a (ms) | b (ms) |",
+           "|---|" + "---:|" * 6]
+    for name, r in split.items():
+        iv = r.get("interval")
+        x = _f(r.get("speedup")) + (f" [{iv[0]:.2f}–{iv[1]:.2f}]" if iv and None not in iv else "")
+        out.append(f"| {name} | {_f(r['ms_per_token'], 1)} | {_f(r['stream_ms'], 1)} | {_f(r['other_ms'], 1)} | {x} | "
+                   f"{_f(r['a_ms'], 1)} | {_f(r['b_ms'])} |")
+    return out + ["", "(weights streamed: their bytes at the measured read bandwidth; t(n) = a + b·n: a forward "
+                  "over n new tokens, fitted)", ""]
 
 
 def render_timings(body: dict) -> list[str]:
@@ -126,12 +154,14 @@ def render_timings(body: dict) -> list[str]:
 
 def render(results_dir: Path = RESULTS_DIR) -> str:
     """Markdown tables, one per results file that has a "methods" block (the study gets its full table)."""
-    study, timings, parts = [], [], []
+    study, timings, runtimes, parts = [], [], [], []
     for f in sorted(results_dir.glob("*.json")):
         body = json.loads(f.read_text())
         if "notebooks_s" in body:
             timings = render_timings(body)
             continue
+        if "runtime_split" in body:
+            runtimes = render_runtimes(body)
         methods = body.get("methods")
         if not methods:
             continue
@@ -150,9 +180,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
             parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_x(r)} | "
                          f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
         parts.append("")
-    if not (study or timings or parts):
+    if not (study or timings or runtimes or parts):
         return "_No full-run results yet: run `make reproduce`._\n"
-    return "\n".join(study + timings + parts)
+    return "\n".join(study + runtimes + timings + parts)
 
 
 def section(text: str) -> str:

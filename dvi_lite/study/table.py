@@ -81,13 +81,14 @@ def why(method: str, row: dict, speedup: float | None = None) -> str:
 
 
 def method_options(split: int | None = None) -> dict[str, dict]:
-    """The study's configuration of each method (committed artifacts; paper defaults where they exist).
+    """The study's configuration of each method: each method's defaults, which its sizing command sets per model
+    (the model's defaults.json: SpS's K, Medusa's tree, the exit layer), else the paper's.
 
     split None leaves Kangaroo and DVI at the model's default exit layer (core.checks.default_split), the
     layer their committed pieces and `prepare` are trained for.
     """
     exit_layer = {} if split is None else {"split": split}
-    return {"sps": {"K": 4}, "hf_assisted": {"K": 4}, "kangaroo": dict(exit_layer),
+    return {"sps": {}, "hf_assisted": {}, "kangaroo": dict(exit_layer),  # SpS: its sized K (defaults.json)
             "draft_verify": {}, "medusa": {}, "dvi": dict(exit_layer)}
 
 

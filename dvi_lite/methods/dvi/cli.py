@@ -150,6 +150,9 @@ def parser() -> argparse.ArgumentParser:
                             "trainable copy of its rows over the map ('trained', the default with --data)")
     paper_args.add_argument("--warm-start-tokens", type=int_at_least(0), default=PaperRecipe.warm_tokens,
                             help="positions of the set in the KL warm-start (default %(default)s)")
+    paper_args.add_argument("--soft-top-k", type=int_at_least(1), default=None,
+                            help="warm-start on the target's own top-k log-probs (a teacher forward over the set) "
+                            "instead of a token record's hard labels")
     paper_args.add_argument("--warm-batch", type=int_at_least(1), default=PaperRecipe.warm_batch,
                             help="positions per warm-start step")
     paper_args.add_argument("--sequences", type=int_at_least(0), default=PaperRecipe.sequences,
@@ -225,8 +228,15 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     check_output(out, kind="dir", force=force)  # before any work: a bad place, or a committed file without --force
     check_output(args.json, kind="file", force=force, flag="--json")
     check_output(args.ckpt_dir, kind="dir", force=force, flag="--ckpt-dir")
-    train_set = load_distill(model, args.data, "train", layers=(split,))
-    val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False)
+    # soft targets cost a full forward per position: then read only the positions the warm start uses
+    budget = {"max_tokens": args.warm_start_tokens} if args.soft_top_k else {}
+    train_set = load_distill(model, args.data, "train", layers=(split,), **budget)
+    val_set = load_distill(model, args.data, "val", layers=(split,), corpus=False,
+                           **({"max_tokens": args.val_max_tokens} if args.soft_top_k else {}))
+    if args.soft_top_k:  # the target's soft top-k in place of the record's hard labels (a state set has them)
+        from dvi_lite.models.teacher import soft_targets
+
+        train_set, val_set = (soft_targets(model, d, args.soft_top_k) for d in (train_set, val_set))
     if args.ablation:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
         res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)

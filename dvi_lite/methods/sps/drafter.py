@@ -13,6 +13,7 @@ from dvi_lite.core.checks import check_int, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.sps.draft import added_values, resolve_draft
+from dvi_lite.models.artifacts import model_defaults
 
 
 class DraftModelDrafter(Drafter):
@@ -64,8 +65,15 @@ class DraftModelDrafter(Drafter):
         self.todo = ([int(outcome.proposal.tokens[-1])] if n == k else []) + [outcome.next_token]
 
 
-def make_drafter(model, tokenizer, draft_model=None, K: int = 4, **old) -> Drafter:
+def sized_k(model, draft_model=None, fallback: int = 4) -> int:
+    """The draft length SpS runs at when none is given: the committed draft's sized K (defaults.json "sps", written
+    by `sps-sizing --apply`), else `fallback`. Another draft has no sizing: the fallback."""
+    return int(model_defaults(model).get("sps", {}).get("K", fallback)) if draft_model is None else fallback
+
+
+def make_drafter(model, tokenizer, draft_model=None, K: int | None = None, **old) -> Drafter:
     """Speculative sampling with a separate small draft model (default: this model's committed draft,
-    `draft.default_draft_path`), K draft tokens per step."""
+    `draft.default_draft_path`), K draft tokens per step (None: `sized_k`)."""
     reject_renamed(old, "sps.make_drafter")
+    K = sized_k(model, draft_model) if K is None else K
     return DraftModelDrafter(resolve_draft(model, draft_model), K, target=model)

@@ -10,6 +10,10 @@ of 1..4 layers trained by the same recipe on the same tokens (`sps-train --layer
 and picks the L with the best prediction.
 
     python -m dvi_lite sps-sizing --drafts build/sps_layers/l1 build/sps_layers/l2 --json results/27_sps_sizing.json
+    python -m dvi_lite sps-sizing --apply results/27_sps_sizing.json --force   # its best K into defaults.json
+
+`--apply` writes the pick's best K into the model's defaults.json ("sps": {"K": ...}), which SpS and HF assisted
+generation draft with when no K is given: the study runs SpS at its sized configuration, and names the file.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dvi_lite.commands import check_outputs
+from dvi_lite.commands import add_force, check_outputs
 from dvi_lite.core.checks import check_int
 
 
@@ -44,17 +48,49 @@ def rows_of(model, tok, drafts: list[Path], prompts: list[dict], timing_prompts:
     return rows
 
 
+def apply(result: Path, defaults: Path) -> dict:
+    """defaults.json's "sps" entry from a sizing result: the chosen draft's best K, and where it came from."""
+    from dvi_lite.paths import atomic_write_text
+
+    body = json.loads(result.read_text())
+    best = next(r for r in body["rows"] if r["layers"] == body["best_layers"])
+    entry = {"K": int(best["best_K"]), "why": f"sps-sizing's pick ({result.as_posix()}): the best K of the "
+             f"{best['layers']}-layer draft by tau / (v(K + 1) + K c), alpha {best['alpha']} and c {best['c']:.3f} "
+             "measured"}
+    d = json.loads(defaults.read_text()) if defaults.is_file() else {}
+    d["sps"] = entry
+    atomic_write_text(defaults, json.dumps(d, indent=2) + "\n")
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     from dvi_lite.commands import command_line, prog, run_or_usage_error
 
     ap = argparse.ArgumentParser(prog=prog("sps-sizing"), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--dtype", default="bfloat16", help="the benchmark's dtype (v and c are measured in it)")
-    ap.add_argument("--drafts", nargs="+", required=True, help="draft folders (draft.pt + card.json) to compare")
+    ap.add_argument("--drafts", nargs="+", default=None, help="draft folders (draft.pt + card.json) to compare")
+    ap.add_argument("--apply", default=None, metavar="RESULT",
+                    help="write RESULT's best K into the model's defaults.json (committed: needs --force)")
+    add_force(ap)
     ap.add_argument("--questions", type=int, default=12, help="held-out questions decoded for alpha")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.apply:
+        from dvi_lite.models.artifacts import artifacts_dir
+        from dvi_lite.models.loading import load_model
+        from dvi_lite.safety import check_output
+
+        if not Path(args.apply).is_file():
+            ap.error(f"--apply {args.apply}: no such sizing result (run sps-sizing --drafts ... --json first)")
+        model, _ = run_or_usage_error(ap, load_model, args.model, dtype=args.dtype)
+        target = artifacts_dir(model) / "defaults.json"
+        run_or_usage_error(ap, check_output, target, force=args.force, flag="--apply")
+        print(json.dumps(run_or_usage_error(ap, apply, Path(args.apply), target)))
+        return 0
+    if not args.drafts:
+        ap.error("give --drafts FOLDER ... to measure, or --apply RESULT to write a measured pick")
     check_outputs(ap, (args.json, "file", "--json"))  # before any work
 
     def run() -> dict:
