@@ -82,6 +82,39 @@ def quant_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict[st
                  "mean_abs_logit_error": statistics.mean(v["mean"])} for rt, v in sums.items()}
 
 
+@torch.no_grad()
+def kernel_rates(model, repeats: int = 200) -> list[dict]:
+    """One decoding step's matrix-vector product (batch 1) per layer shape of `model` and weight format: microseconds
+    and GB/s of weight bytes. Says whether a format's kernel streams its bytes as fast as packed bf16: int8 halves
+    the bytes, but a kernel that dequantizes at a lower rate gives back part of the gain."""
+    import time
+
+    from dvi_lite.core.lean import Int4Weight, Int8Weight, PackedWeight, linear, nbytes
+
+    r = use_runtime(model, "hf")
+    a, m = r.layers[0].self_attn, r.layers[0].mlp
+    shapes = {"qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+              "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]), "down": m.down_proj.weight,
+              "lm_head": r.lm_head.weight}
+    rows = []
+    for name, w in shapes.items():
+        w = w.detach()
+        x = torch.randn(1, 1, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(0)).to(w.device)
+        formats = {"packed": PackedWeight.maybe(w), "int8": Int8Weight.quantize(w)}
+        if w.shape[1] % 32 == 0:
+            formats["int4"] = Int4Weight.quantize(w)
+        for fmt, q in formats.items():
+            for _ in range(20):
+                linear(x, q)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                linear(x, q)
+            dt = (time.perf_counter() - t0) / repeats
+            rows.append({"matrix": name, "shape": list(w.shape), "format": fmt, "us": dt * 1e6,
+                         "bytes": nbytes(q), "GBps": nbytes(q) / dt / 1e9})
+    return rows
+
+
 LABELS = ["ar", "ar@lean", "ar@int8", "ar@int4", "hf"]  # AR on each runtime, and HF generate
 
 
@@ -126,6 +159,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-prompts", type=int, default=6, help="held-out questions, spread over the task groups")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="timed rounds of the paired AR comparison")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only time one decoding step's matrix-vector product per layer shape and weight format")
     ap.add_argument("--json", default=None, help="write the results here (checked before any work)")
     add_force(ap)
     return ap
@@ -145,6 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         use_runtime(model, "hf")
     except ValueError as e:
         ap.error(str(e))
+    if args.kernels:
+        rows = kernel_rates(model)
+        for k in rows:
+            print(f"{k['matrix']:8s} {str(tuple(k['shape'])):14s} {k['format']:7s} {k['us']:8.1f} us "
+                  f"{k['GBps']:6.1f} GB/s of weights")
+        if args.json:
+            body = {"provenance": provenance(command_line("runtimes", argv), None, timing=TIMING,
+                                             **model_facts(args.model, model)), "kernels": rows}
+            atomic_write_text(Path(args.json), results_json(body))
+        return 0
     path = specbench.SPEC_BENCH_DEV if has_chat_template(tok) else None
     from dvi_lite.models.corpus import HELDOUT_PROMPTS
 
