@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                             "search a skip set with the low-noise objective (alpha + cost model), BO vs baselines"),
     "draft-verify-compare": ("dvi_lite.methods.draft_verify.compare:main",
                              "BO vs random vs uniform skip sets over several seeds, held out, with intervals"),
+    "draft-verify-gamma": ("dvi_lite.methods.draft_verify.tracking:main",
+                           "D&V's adaptive threshold over a long stream: gamma and acceptance per target"),
     "kangaroo-train": ("dvi_lite.methods.kangaroo.train:main", "distil a Kangaroo adapter from the frozen model"),
     "medusa-train": ("dvi_lite.methods.medusa.train:main", "distil Medusa heads from the frozen model"),
     "eagle-train": ("dvi_lite.methods.eagle.train:main", "train the EAGLE head from the stored target outputs"),
@@ -88,6 +90,28 @@ def require_positive(ap: argparse.ArgumentParser, args: argparse.Namespace, *nam
         value = getattr(args, name)
         if value < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type: comma-separated distinct ints, e.g. 0,1,2."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"must be comma-separated distinct ints (e.g. 0,1,2), got {text!r}")
+    return seeds
+
+
+def prob_list(text: str) -> list[float]:
+    """argparse type: comma-separated numbers strictly between 0 and 1, e.g. 0.5,0.7,0.9."""
+    try:
+        xs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        xs = []
+    if not xs or not all(0 < x < 1 for x in xs):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 1) (e.g. 0.5,0.9), got {text!r}")
+    return xs
 
 
 def run_or_usage_error(ap: argparse.ArgumentParser, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

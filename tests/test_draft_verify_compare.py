@@ -30,3 +30,20 @@ def test_compare_reports_every_arm_per_seed_with_intervals():
         assert r["bo"]["heldout"]["alpha_hat"] == pytest.approx(r["bo"]["calibration"]["alpha_hat"] + 0.01)
     assert a["bo_minus_random"]["mean"] == pytest.approx(a["bo"]["mean"] - a["random"]["mean"])
     assert mean_ci([2.0])["ci95"] is None and mean_ci([1.0, 3.0])["mean"] == 2.0
+
+
+def test_gamma_stream_carries_one_threshold_over_the_prompts(target, prompts):
+    """draft_verify.tracking: one threshold per target across every prompt; per-step counts and windows."""
+    from dvi_lite.methods.draft_verify.skipset import uniform_skip
+    from dvi_lite.methods.draft_verify.tracking import stream, summarise, windows
+    from tests.helpers import IdTokenizer
+
+    run = stream(target, IdTokenizer(), prompts[:3], uniform_skip(target.config.num_hidden_layers, 0.25), 0.7, 12,
+                 K=3, progress=False)
+    assert len(run["prompt_starts"]) == 3 and run["steps"] == len(run["drafted"]) == len(run["accepted"])
+    assert all(0 <= a <= d for a, d in zip(run["accepted"], run["drafted"], strict=True))
+    assert len(run["gamma"]) >= 1 and all(0 <= g <= 1 for g in run["gamma"])
+    w = windows(run, size=4)
+    assert sum(1 for _ in w) == -(-run["steps"] // 4)
+    small = summarise(run, size=4)  # the results file keeps windows and halves, not the per-step lists
+    assert small["windows"] == w and "drafted" not in small and 0 <= small["acceptance_second_half"] <= 1

@@ -106,7 +106,9 @@ def parser() -> argparse.ArgumentParser:
                     "untimed); a prompt with one turn is timed on it")
     ap.add_argument("--draft-model", default=None,
                     help="draft model folder for sps/hf_assisted (default: the model's committed draft)")
-    ap.add_argument("--K", type=int, default=4, help="draft tokens per step for sps / hf_assisted")
+    ap.add_argument("--K", type=int, default=None,
+                    help="draft tokens per step for sps / hf_assisted (default: the sized K in the model's "
+                    "defaults.json, else 4)")
     ap.add_argument("--max-new-tokens", type=int, default=128,
                     help="new tokens per prompt (>= 128 keeps the prefill a small share of a long prompt's time)")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods:
             check_method(parse_spec(split_runtime(m)[0])[0])
         for name in ("repeats", "max_new_tokens", "n_prompts", "K"):
-            if getattr(args, name) < 1:
+            if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         records = specbench.read_prompts(args.prompts) if args.prompts else None  # a bad file fails before loading
         model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prepare(model, tok, specbench.spread(records, args.n_prompts), args.turns, args.max_new_tokens)
         measure = args.machine if args.machine is not None else args.json is not None
         machine = cost.memory_bandwidth(device=next(model.parameters()).device) if measure else {}
-        opts = {m: {"K": args.K, "draft_model": args.draft_model} for m in ("sps", "hf_assisted")}
+        opts = {m: {"draft_model": args.draft_model, **({} if args.K is None else {"K": args.K})}
+                for m in ("sps", "hf_assisted")}
         calib: dict = {}
         results = bench(model, tok, prompts, methods, args.max_new_tokens, args.repeats, args.temperature,
                         args.top_p, args.seed, opts, calibration=calib)

@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error
+from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error, seed_list
 from dvi_lite.core.runner import Skip
 from dvi_lite.methods.draft_verify.bo import SearchConfig, search_skip
 from dvi_lite.methods.draft_verify.objective import SkipObjective, measure_sublayer_costs
@@ -75,17 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", required=True, help="a self-distillation set (distill-data folder): its held-out split")
     ap.add_argument("--ratio", type=float, default=0.2, help="skip this fraction of the 2L sub-layers")
     ap.add_argument("--trials", type=int, default=200, help="BO trials per seed, and as many random sets")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--json", required=True, help="write the comparison here")
     add_force(ap)
     args = ap.parse_args(argv)
     check_outputs(ap, (args.json, "file", "--json"), force=args.force)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if not seeds or args.trials < 1 or not 0 < args.ratio <= 0.5:
-        ap.error("give at least one seed, --trials >= 1 and --ratio in (0, 0.5]")
+    if args.trials < 1 or not 0 < args.ratio <= 0.5:
+        ap.error(f"--trials must be >= 1 and --ratio in (0, 0.5], got {args.trials} and {args.ratio}")
+    seeds = args.seeds
     from dvi_lite.models.distill_reader import load_distill
     from dvi_lite.models.loading import load_model
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dvi_lite.commands import add_force, command_line, require_positive, run_or_usage_error
+from dvi_lite.commands import add_force, command_line, require_positive, run_or_usage_error, seed_list
 from dvi_lite.core.checks import add_renamed_flags
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.ablation import paper_ablation
@@ -90,17 +90,6 @@ def minutes(text: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of minutes >= 0, got {text!r}")
     return v
-
-
-def seed_list(text: str) -> list[int]:
-    """argparse type: comma-separated distinct ints, e.g. 0,1,2."""
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"must be comma-separated distinct ints (e.g. 0,1,2), got {text!r}")
-    return seeds
 
 
 def parser() -> argparse.ArgumentParser:
@@ -240,9 +229,12 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     if args.ablation:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
         res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)
+        res["warm_targets"] = train_set.card.get("targets", "hard labels: the record's own next tokens (p = 1)")
         if args.json:
+            from dvi_lite.measure.provenance import results_json
+
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(Path(args.json), json.dumps(res, indent=2) + "\n")
+            atomic_write_text(Path(args.json), results_json(res))
         print(json.dumps({"ranking": res["ranking"], "separated": res["separated"],
                           "summary": {a: s[recipe_metric(res)]["mean"] for a, s in res["summary"].items()}}))
         return res
