@@ -29,7 +29,7 @@ def test_draft_length_has_one_name():
 
 def test_resolve_fills_defaults_and_checks_values():
     sps = get_method("sps")
-    assert sps.resolve() == {"draft_model": None, "K": 4}
+    assert sps.resolve() == {"draft_model": None, "K": None}  # None: the model's sized K (defaults.json), else 4
     assert sps.resolve(K=7)["K"] == 7
     with pytest.raises(ValueError, match=r"sps option 'K' .* must be an int >= 1, got 0"):
         sps.resolve(K=0)

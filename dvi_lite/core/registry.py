@@ -83,6 +83,8 @@ class Method:
 
 # Options shared by several methods: declared once.
 K = lambda default: Option("K", default, "draft tokens per step", "int", low=1)  # noqa: E731
+# None: the model's sized K (defaults.json, written by `sps-sizing --apply`), else 4
+SIZED_K = Option("K", None, "draft tokens per step", "int", low=1)
 SPLIT = Option("split", None, "exit layer: the first `split` layers draft; None = the method's default", "int",
                low=1, optional=True)
 BRANCH = Option("branch", 1, "candidates per draft step: 1 = a chain, more = top-branch tree leaves", "int", low=1)
@@ -97,14 +99,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "dvi_lite.core.engine:Drafter", "plain autoregressive decoding: the empty drafter"),
     Method("hf", f"{_M}.hf:hf_generate", "transformers' own generate: the reference baseline", engine=False),
     Method("hf_assisted", f"{_M}.hf:hf_assisted", "transformers' assisted generation with the sps draft",
-           (DRAFT_MODEL, K(4)), engine=False),
+           (DRAFT_MODEL, SIZED_K), engine=False),
     Method("hf_pld", f"{_M}.hf:hf_prompt_lookup", "transformers' prompt lookup decoding",
            (K(6),), engine=False, paper="Saxena 2023"),
     Method("pld", f"{_M}.pld:make_drafter", "prompt lookup: copy what followed the last n-gram's earlier match",
            (K(6), Option("max_ngram", 3, "longest n-gram matched against the prompt and the text so far "
                          "(shorter ones are tried next)", "int", low=1)), paper="Saxena 2023"),
     Method("sps", f"{_M}.sps.drafter:make_drafter", "speculative sampling with a small draft model",
-           (DRAFT_MODEL, K(4)), paper="Leviathan et al. 2023; Chen et al. 2023"),
+           (DRAFT_MODEL, SIZED_K), paper="Leviathan et al. 2023; Chen et al. 2023"),
     Method("early_exit", f"{_M}.early_exit:make_drafter", "the target's first layers + its own head draft",
            (SPLIT, K(6), THRESHOLD(None), BRANCH, VOCAB)),
     Method("kangaroo", f"{_M}.kangaroo.drafter:make_drafter", "early exit + a trained adapter (double early exit)",
