@@ -61,15 +61,14 @@ $(PLOTLYJS): | $(STAMP)
 $(SMOLLM2): | $(STAMP)
 	$(PY) -m dvi_lite convert-smollm2
 
-# One pytest worker per core plus one (pytest-xdist), each on one thread: the tiny models are overhead bound, so
-# single-threaded workers finish far sooner than one multi-threaded process, and the extra worker keeps the cores
-# busy while another waits on a notebook kernel or a subprocess. A test file stays on
+# One pytest worker per core (pytest-xdist), each on one thread: the tiny models are overhead bound, so
+# two single-threaded workers finish far sooner than one two-threaded process. A test file stays on
 # one worker (--dist loadfile) so its module fixtures (the course model's AR outputs) are built once.
 lint: setup ## ruff (pycodestyle, pyflakes, import order, bugbear; settings in pyproject.toml)
 	$(VENV)/bin/ruff check dvi_lite tests
 
 test: setup lint ## Lint, then run the test suite (browser tests excluded) on every core, with a timing summary
-	@rc=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -x -n $$(( $$(nproc) + 1 )) --dist loadfile --durations=15 || rc=$$?; \
+	@rc=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -x -n auto --dist loadfile --durations=15 || rc=$$?; \
 	echo "make test: setup + tests took $$(( $$(date +%s) - $(START_TIME) )) s (pytest exit $$rc)"; \
 	exit $$rc
 
