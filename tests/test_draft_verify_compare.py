@@ -20,7 +20,8 @@ class Deeper:
 
 
 def test_compare_reports_every_arm_per_seed_with_intervals():
-    from dvi_lite.methods.draft_verify.compare import compare, mean_ci
+    from dvi_lite.measure.paired import ci95
+    from dvi_lite.methods.draft_verify.compare import compare
 
     res = compare(Deeper(8), Deeper(8, shift=0.01), 8, 0.25, trials=12, seeds=[0, 1, 2], progress=False)
     assert list(res["runs"]) == ["0", "1", "2"] and set(res["uniform"]) == {"uniform_layers", "uniform_sublayers"}
@@ -29,7 +30,7 @@ def test_compare_reports_every_arm_per_seed_with_intervals():
     for r in res["runs"].values():  # held out = calibration + the shift, for every arm
         assert r["bo"]["heldout"]["alpha_hat"] == pytest.approx(r["bo"]["calibration"]["alpha_hat"] + 0.01)
     assert a["bo_minus_random"]["mean"] == pytest.approx(a["bo"]["mean"] - a["random"]["mean"])
-    assert mean_ci([2.0])["ci95"] is None and mean_ci([1.0, 3.0])["mean"] == 2.0
+    assert ci95([2.0])["ci95"] is None and ci95([1.0, 3.0])["mean"] == 2.0
 
 
 def test_gamma_stream_carries_one_threshold_over_the_prompts(target, prompts):

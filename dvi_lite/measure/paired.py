@@ -14,8 +14,9 @@ Two rates per generation:
 """
 from __future__ import annotations
 
+import math
 import statistics
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -127,3 +128,18 @@ def versus(ratios_a: Sequence[float | None], ratios_b: Sequence[float | None], s
     bootstrap interval. An interval that holds 1 does not rank the two."""
     both = [a / b for a, b in zip(ratios_a, ratios_b, strict=True) if a is not None and b]
     return _summary(both, seed)
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # t_{0.975, df}
+
+
+def ci95(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample sd and a 95% t-interval over seeds, runs or any few independent values (None for one)."""
+    x = [float(v) for v in values]
+    n = len(x)
+    m = sum(x) / n
+    if n < 2:
+        return {"n": n, "mean": m, "sd": None, "ci95": None}
+    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
+    h = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return {"n": n, "mean": m, "sd": sd, "ci95": [m - h, m + h]}

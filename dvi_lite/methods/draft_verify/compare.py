@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
 from dvi_lite.commands import add_force, check_outputs, command_line, prog, run_or_usage_error, seed_list
 from dvi_lite.core.runner import Skip
+from dvi_lite.measure.paired import ci95
 from dvi_lite.methods.draft_verify.bo import SearchConfig, search_skip
 from dvi_lite.methods.draft_verify.objective import SkipObjective, measure_sublayer_costs
 from dvi_lite.methods.draft_verify.recipe import RecipeConfig, _calibration, answer_spans, load_v, uniform_sublayers
 from dvi_lite.methods.draft_verify.skipset import random_skips, skip_to_dict, uniform_skip
 from dvi_lite.paths import atomic_write_text
-
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # Student t, 97.5%
-
-
-def mean_ci(xs: list[float]) -> dict:
-    """{"n", "mean", "sd", "ci95"}: a t interval over seeds (none from one value)."""
-    n = len(xs)
-    m = statistics.fmean(xs)
-    sd = statistics.stdev(xs) if n > 1 else 0.0
-    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n) if n > 1 else None
-    return {"n": n, "mean": m, "sd": sd, "ci95": None if half is None else [m - half, m + half]}
 
 
 def compare(f_cal: SkipObjective, f_held: SkipObjective, n_layers: int, ratio: float, trials: int,
@@ -58,8 +46,8 @@ def compare(f_cal: SkipObjective, f_held: SkipObjective, n_layers: int, ratio: f
     summary = {}
     for part in ("calibration", "heldout"):
         for key in ("speedup", "alpha_hat"):
-            col = {arm: mean_ci([r[arm][part][key] for r in runs.values()]) for arm in ("bo", "random")}
-            col["bo_minus_random"] = mean_ci([r["bo"][part][key] - r["random"][part][key] for r in runs.values()])
+            col = {arm: ci95([r[arm][part][key] for r in runs.values()]) for arm in ("bo", "random")}
+            col["bo_minus_random"] = ci95([r["bo"][part][key] - r["random"][part][key] for r in runs.values()])
             col.update({arm: {"value": b[part][key]} for arm, b in base.items()})
             summary[f"{part}_{key}"] = col
     d = summary["heldout_speedup"]["bo_minus_random"]

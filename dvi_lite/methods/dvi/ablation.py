@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from typing import Any
 
 from dvi_lite.commands import check_outputs, run_or_usage_error
 from dvi_lite.core.checks import add_renamed_flags
+from dvi_lite.measure.paired import ci95
 from dvi_lite.methods.dvi import paper
 from dvi_lite.methods.dvi.config import DVIConfig
 from dvi_lite.methods.dvi.serve import ARMS, RECIPE, arm_config, frozen_model, heldout_before, online_run, save_head
@@ -130,19 +130,6 @@ def run(args: argparse.Namespace, command: str) -> dict:
     return res
 
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # t_{0.975, df}
-
-
-def ci95(values: Sequence[float]) -> dict[str, Any]:
-    """Mean, sample sd and a 95% t-interval over seeds (None for a single value)."""
-    x = [float(v) for v in values]
-    n = len(x)
-    m = sum(x) / n
-    if n < 2:
-        return {"n": n, "mean": m, "sd": None, "ci95": None}
-    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
-    h = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return {"n": n, "mean": m, "sd": sd, "ci95": [m - h, m + h]}
 
 
 def paper_ablation(model, tok, train: TeacherData, val: TeacherData, base: DVIConfig = paper.PAPER,
