@@ -66,3 +66,16 @@ def test_legend_below_moves_the_legend_under_side_by_side_panels():
 
     fig = legend_below(make_subplots(rows=1, cols=2, subplot_titles=["a", "b"]))
     assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0 and fig.layout.margin.b >= 100
+
+
+def test_gpu_column_reads_the_recorded_gpu_run_and_says_when_there_is_none(tmp_path):
+    """The study's GPU column comes from results/gpu/43_study_*.json (its GPU named, its size said), never typed."""
+    from dvi_lite.study import gpu
+
+    body = gpu.load()
+    assert body is not None and body["device"]["gpu"] in gpu.size(body)
+    col = gpu.column(body)
+    assert "ar" in col and all(set(r) == {"speedup", "interval", "tau", "c", "tokens_per_s"} for r in col.values())
+    assert body["device"]["gpu"] in "\n".join(gpu.render(body))
+    assert gpu.load(tmp_path) is None and gpu.column(None) == {} and gpu.render(None) == []
+    assert "No GPU run" in gpu.format_table(None)

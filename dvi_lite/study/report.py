@@ -180,9 +180,12 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
             parts.append(f"| {m} | {_f(r.get('tokens_per_s'), 1)} | {_x(r)} | "
                          f"{_f(r.get('tau'))} | {_f(r.get('alpha'))} |")
         parts.append("")
-    if not (study or timings or runtimes or parts):
+    from dvi_lite.study import gpu
+
+    gpu_part = gpu.render(gpu.load(results_dir / "gpu"))
+    if not (study or timings or runtimes or parts or gpu_part):
         return "_No full-run results yet: run `make reproduce`._\n"
-    return "\n".join(study + runtimes + timings + parts)
+    return "\n".join(study + runtimes + gpu_part + timings + parts)
 
 
 def section(text: str) -> str:
