@@ -14,6 +14,14 @@
 #         dvi_bench.json                the new head's decode speed beside Kangaroo's and the committed head's
 #         lossless.json                 fp32 greedy equality of every method, and a sampling-law test
 # Sizes come from the environment (N_PROMPTS, REPEATS, TOKENS, ONLINE_SECONDS, LAW_SAMPLES, TOTAL).
+#
+# Sizing, as measured on an H200 lease on 2026-11-27 (results/gpu/43_study_nvidia_h200.json): SmolLM2's AR decodes
+# at about 18 tokens/s there (one forward about 21-40 ms: launch-bound), so one 64-token generation takes about
+# 3.5 s, and 8 methods x 12 questions x 2 rounds needs about 12 minutes, more than a lease. What fits one 10-minute
+# call after the conversion (about 45 s): 7 methods x 3 questions x 1 round x 32 tokens (65 s); the tree-on-real-trees
+# check (50 s); about 90 s of DVI online is 30 prompts (about 11 tokens/s while learning); the random-tree
+# kernel check needs more than 100 s (it compiles the kernel for many shapes). Size N_PROMPTS x REPEATS x TOKENS
+# from these, and run the fp32 checks before the online run if they matter more.
 set -u
 MODE=${1:?usage: scripts/gpu_study.sh kernel|study CARRIED}
 CARRIED=${2:?usage: scripts/gpu_study.sh kernel|study CARRIED}

@@ -333,9 +333,9 @@ def fidelity_table(results: Results, claims: list[Claim] | None = None) -> list[
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    """The rows as a markdown table (pipes in cells escaped)."""
-    cols = ["method", "claim", "paper", "ours", "status", "rule", "keys"]
+def format_table(rows: list[dict], cols: list[str] | None = None) -> str:
+    """The rows as a markdown table (pipes in cells escaped); cols: the columns shown (default: every one)."""
+    cols = cols or ["method", "claim", "paper", "ours", "status", "rule", "keys"]
 
     def cell(v: Any) -> str:
         return (", ".join(v) if isinstance(v, list) else str(v)).replace("|", "\\|").replace("\n", " ")

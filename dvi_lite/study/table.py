@@ -88,9 +88,9 @@ def method_options(split: int | None = None) -> dict[str, dict]:
     layer their committed pieces and `prepare` are trained for.
     """
     exit_layer = {} if split is None else {"split": split}
-    # SpS at K = 4 until the study notebook reads each method's sized configuration (defaults.json, where
-    # `sps-sizing --apply` put K = 1 for SmolLM2): a drafter made with no K already drafts at the sized one
-    return {"sps": {"K": 4}, "hf_assisted": {"K": 4}, "kangaroo": dict(exit_layer),
+    # SpS and HF assisted with no K draft at the draft's sized K (defaults.json, where `sps-sizing --apply` put it;
+    # methods.sps.drafter.sized_k), else 4
+    return {"sps": {}, "hf_assisted": {}, "kangaroo": dict(exit_layer),
             "draft_verify": {}, "medusa": {}, "dvi": dict(exit_layer)}
 
 
