@@ -25,7 +25,7 @@ from dvi_lite.paths import atomic_write_text  # noqa: E402
 
 BENCH_KEEP = ("decode_tokens_per_s", "tokens_per_s", "speedup_vs_ar", "speedup_interval", "speedup_vs_ar_e2e",
               "speedup_interval_e2e", "speedup_pooled", "speedup_pooled_interval", "tau", "alpha", "c",
-              "predicted_speedup", "n_prompts", "new_tokens", "peak_mem_bytes", "groups")
+              "predicted_speedup", "n_prompts", "new_tokens", "peak_mem_bytes")
 
 
 def device(folder: Path) -> dict | None:
@@ -57,8 +57,8 @@ def online(tgz: Path) -> dict:
     with tarfile.open(tgz) as t:
         card = json.loads(t.extractfile("dvi_gpu/card.json").read())
         log = [json.loads(x) for x in io.TextIOWrapper(t.extractfile("dvi_gpu/log.jsonl"))]
-    curve = [{k: r.get(k) for k in ("step", "sequences", "tokens_generated", "accept_rate", "tau", "lambda",
-                                    "elapsed_s")} for r in log]
+    curve = [{k: r.get(k) for k in ("step", "sequences", "tokens_generated", "accept_rate", "tau", "elapsed_s")}
+             for r in log[:: max(1, len(log) // 50)]]  # at most about 50 points: the tracked tree has a budget
     return {**{k: v for k, v in card.items() if k != "config"}, "config": card["config"], "curve": curve}
 
 
