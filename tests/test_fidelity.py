@@ -150,3 +150,19 @@ def test_every_key_of_a_committed_file_resolves():
         for key in c.keys:
             if key.partition(":")[0] in results:
                 fidelity.lookup(results, key)  # raises NotMeasured, naming the key, if the file lacks it
+
+
+def test_dvi_against_kl_only_reads_the_reference_arm_when_it_was_run():
+    """With 41_dvi_ablation's reference arm (the reference trainer's default objective), KL-only is compared with it,
+    paired by seed; the older file is not read."""
+    claim = _claim("DVI", "KL-only")
+
+    def run(agree: float) -> dict:
+        return {"final": {"agree": agree}}
+    res = {"41_dvi_ablation": {"metric": "agree", "ranking": ["reference", "kl", "dvi"],
+                               "runs": {"reference": {"0": run(0.20), "1": run(0.22), "2": run(0.21)},
+                                        "kl": {"0": run(0.15), "1": run(0.16), "2": run(0.155)}}}}
+    status, ours = _status(claim, res)
+    assert status == YES and "reference's default objective" in ours and "3 seeds" in ours
+    res["41_dvi_ablation"]["runs"]["kl"] = {"0": run(0.25), "1": run(0.27), "2": run(0.26)}
+    assert _status(claim, res)[0] == NO
