@@ -86,3 +86,32 @@ def test_tags_search_a_run_stage_before_the_committed_results(tmp_path: Path):
     assert prose.lookup("x:a", dirs) == 3.0
     with pytest.raises(KeyError, match="nearest keys: a"):  # the staged file replaces the committed one whole
         prose.lookup("x:b", dirs)
+
+
+def test_claim_tags_are_checked_against_results_and_a_false_or_undecided_one_fails(tmp_path: Path):
+    """A comparison in prose carries a `c` tag; a false one fails, and "A beats B" written against the intervals
+    fails when they overlap (undecided)."""
+    (tmp_path / "x.json").write_text(json.dumps({"a": {"ci": [1.10, 1.30], "x": 1.2}, "b": {"ci": [0.95, 1.15],
+                                                                                         "x": 1.05, "c": 0.5}}))
+    ok = "A is faster<!--c x:a.x > x:b.x-->, B holds 1<!--c x:b.ci.0 <= 1 <= x:b.ci.1 and x:a.ci.0 > 1-->."
+    assert prose.check_markdown(ok, results_dir=tmp_path) == []
+    assert prose.check_markdown("twice<!--c x:a.x > 2 * x:b.c-->", results_dir=tmp_path) == []
+    assert prose.check_markdown("<!--c x:a.x > 3 * x:b.c-->", results_dir=tmp_path)[0].why.startswith("claim false")
+    undecided = prose.check_markdown("A beats B<!--c x:a.ci.0 > x:b.ci.1-->", results_dir=tmp_path)
+    assert len(undecided) == 1 and "1.1 > x:b.ci.1 = 1.15" in undecided[0].why
+    assert "FILE:KEY.PATH" in prose.check_markdown("<!--c nope:a > 1-->", results_dir=tmp_path)[0].why
+    assert "expected A < B" in prose.check_markdown("<!--c x:a.x-->", results_dir=tmp_path)[0].why
+
+
+def test_comparison_sentences_without_a_claim_tag_are_listed():
+    text = ("## Faster targets\n\nPLD is faster than AR<!--c idea-->. EAGLE beats Medusa here. "
+            "The draft costs `faster` nothing.")
+    assert prose.untagged_claims(text) == ["EAGLE beats Medusa here."]
+
+
+@pytest.mark.parametrize("stem", prose.CLAIMED)
+def test_every_comparison_in_a_claimed_notebook_is_tagged(stem: str):
+    nb = json.loads((Path("notebooks") / f"{stem}.ipynb").read_text())
+    loose = [(i, s) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown"
+             for s in prose.untagged_claims("".join(c["source"]))]
+    assert not loose, "\n".join(f"cell {i}: {s}" for i, s in loose)

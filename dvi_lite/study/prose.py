@@ -12,6 +12,19 @@ An untagged number that reads as a measurement fails: a speedup (`1.2×`), an ap
 `\\approx 0.3`, `about 7`), a percentage, a time or a rate. Code spans and fenced blocks are not prose.
 Most prose needs no number at all: the code cell above it prints the measured one.
 
+A comparison in prose is a claim, tagged right after it and checked the same way:
+
+    SpS's interval lies above HF assisted's<!--c 08_results:methods.sps.speedup_interval.0 >
+    08_results:methods.hf_assisted.speedup_interval.1-->, and Medusa's holds 1<!--c
+    08_results:methods.medusa.speedup_interval.0 <= 1 <= 08_results:methods.medusa.speedup_interval.1-->.
+
+`c EXPR`: comparisons (`<`, `<=`, `>`, `>=`, chained) between `FILE:KEY.PATH` values, numbers and products
+(`2 * FILE:KEY.PATH`), joined by `and`; the build fails when one is false. "A beats B" is written against the
+intervals (A's lower end above B's upper end), so a claim an interval leaves undecided fails too. `<!--c idea-->`
+marks a sentence about a method or the lesson rather than this run's numbers. `untagged_claims` lists the sentences
+that use a comparison word ("faster", "beats", "above 1", ...) with no `c` tag, for the notebooks held to that
+(CLAIMED).
+
 After a full run, `refresh` (called by `make reproduce`, or `python -m dvi_lite.study.prose --refresh`) rewrites
 every `r`-tagged number from its results file at the decimals written; qualitative words around it ("beats",
 "the fastest") are the author's to re-read, which is why `check_notebook` is a test and `refresh` is not automatic
@@ -38,6 +51,13 @@ MEASURED = re.compile(
     rf"|(?P<approx>(?:≈|~|\\approx|\babout|\baround|\broughly)\s*\$?\s*{NUM})"
     rf"|(?P<unit>{NUM}\s*(?:%|ms\b|tok/s|tokens/s|min\b|s\b))")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+CLAIM = re.compile(r"<!--\s*c\s+(?P<expr>.*?)\s*-->", re.S)
+COMPARE = re.compile(r"\s*(<=|>=|<|>)\s*")
+# words that state a comparison or an ordering: a sentence using one carries a `c` tag (in the notebooks of CLAIMED)
+COMPARISON_WORDS = re.compile(
+    r"\b(?:faster|slower|beats?|highest|lowest|best|worst|gains? most|outperforms?|above 1|below 1|"
+    r"holds? 1|level with|overlaps?|does not overlap|more than|less than|higher|lower)\b", re.I)
+CLAIMED: tuple[str, ...] = ("08_results",)  # notebooks whose comparison sentences all carry `c` tags
 
 
 @dataclass
@@ -109,10 +129,56 @@ def _check_tag(m: re.Match, results_dir: Dirs) -> str | None:
     return None if round(value, decimals) == shown else f"results say {value:.{decimals + 2}f}"
 
 
+def _operand(text: str, results_dir: Dirs) -> float:
+    if "*" in text:  # a product: "2 * FILE:KEY" (twice a value)
+        a, _, b = text.partition("*")
+        return _operand(a.strip(), results_dir) * _operand(b.strip(), results_dir)
+    try:
+        return float(text.replace("−", "-"))
+    except ValueError:
+        return lookup(text, results_dir)
+
+
+def check_claim(expr: str, results_dir: Dirs = RESULTS) -> str | None:
+    """None when every comparison in a `c` tag's expression holds, else which one fails and with what values."""
+    if expr.strip() == "idea":  # a statement about a method or the lesson, not about this run's numbers
+        return None
+    for term in re.split(r"\s+and\s+", " ".join(expr.split())):
+        parts = COMPARE.split(term)  # [operand, op, operand, op, operand ...]
+        if len(parts) < 3 or len(parts) % 2 == 0:
+            return f"claim {term!r}: expected A < B (chains and 'and' allowed)"
+        try:
+            vals = [_operand(x, results_dir) for x in parts[::2]]
+        except KeyError as e:
+            return e.args[0]
+        for i in range(len(vals) - 1):
+            (a, op, b), (x, y) = parts[2 * i: 2 * i + 3], vals[i: i + 2]
+            if not {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y}[op]:
+                return f"claim false: {a} = {x:.4g} {op} {b} = {y:.4g} does not hold"
+    return None
+
+
+def untagged_claims(source: str) -> list[str]:
+    """The sentences of a markdown cell that state a comparison (COMPARISON_WORDS) with no `c` tag in them."""
+    prose = CODE.sub(lambda m: " " * len(m.group()), source)
+    prose = re.sub(r"<!--\s*(?:r|paper)\s[^>]*?-->", "", prose)
+    prose = re.sub(r"(?m)^#.*$", "", prose)  # headings name a topic; they claim nothing
+    out = []
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z*(])|\n\s*\n|\n-\s", prose):
+        if COMPARISON_WORDS.search(CLAIM.sub("", sentence)) and not CLAIM.search(sentence):
+            out.append(" ".join(sentence.split())[:160])
+    return out
+
+
 def check_markdown(source: str, cell: int = 0, results_dir: Dirs = RESULTS) -> list[Problem]:
-    """The problems of one markdown cell: tags that disagree with results, and untagged measured numbers."""
+    """The problems of one markdown cell: tags that disagree with results, untagged measured numbers, and claim
+    tags whose comparison does not hold."""
     prose = CODE.sub(lambda m: " " * len(m.group()), source)
     problems, tagged = [], []
+    for m in CLAIM.finditer(prose):
+        why = check_claim(m["expr"], results_dir)
+        if why:
+            problems.append(Problem(cell, m.group()[:120], why))
     for m in TAG.finditer(prose):
         tagged.append(m.span())
         why = _check_tag(m, results_dir)
