@@ -57,7 +57,9 @@ COMPARE = re.compile(r"\s*(<=|>=|<|>)\s*")
 COMPARISON_WORDS = re.compile(
     r"\b(?:faster|slower|beats?|highest|lowest|best|worst|gains? most|outperforms?|above 1|below 1|"
     r"holds? 1|level with|overlaps?|does not overlap|more than|less than|higher|lower)\b", re.I)
-CLAIMED: tuple[str, ...] = ("08_results",)  # notebooks whose comparison sentences all carry `c` tags
+CLAIMED: tuple[str, ...] = ("00_foundations", "01_speculative_sampling", "02_kangaroo_early_exit",
+                            "03_draft_and_verify", "04_medusa_trees", "05_dvi", "06_prompt_lookup", "07_eagle",
+                            "08_results")  # notebooks whose comparison sentences all carry `c` tags
 
 
 @dataclass
