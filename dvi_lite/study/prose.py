@@ -5,7 +5,7 @@ A markdown cell states a measured number only with a tag right after it (invisib
     Prompt lookup gains 1.33×<!--r 08_results:study.greedy.pld.speedup_vs_ar--> over AR.
 
 `r FILE:KEY.PATH` names `results/FILE.json` and a dotted key path (list items by index; a key may hold spaces, as
-"SmolLM2 · bfloat16" does); the number must equal
+"SmolLM2 · bfloat16" does, or dots, as "T=1.0" does: the longest matching key wins); the number must equal
 the JSON value rounded to the decimals written (a `%` multiplies the value by 100 first). A paper's claim is
 tagged `<!--paper METHOD-->` and must appear in `study.table.PAPERS[METHOD]["claim"]`.
 An untagged number that reads as a measurement fails: a speedup (`1.2×`), an approximation (`≈ 0.3`,
@@ -103,12 +103,19 @@ def lookup(ref: str, results_dir: Dirs = RESULTS) -> float:
     if f is None or not path:
         raise KeyError(f"tag 'r {ref}': expected FILE:KEY.PATH with results/FILE.json present")
     node = json.loads(f.read_text())
-    for key in path.split("."):
-        try:
-            node = node[int(key)] if isinstance(node, list) else node[key]
-        except (KeyError, IndexError, ValueError, TypeError):
+    parts = path.split(".")
+    while parts:  # a key may hold dots ("T=1.0", "threshold=0.4"): the longest run of parts that is a key wins
+        for n in range(len(parts), 0, -1):
+            key = ".".join(parts[:n])
+            if isinstance(node, dict) and key in node:
+                node, parts = node[key], parts[n:]
+                break
+            if isinstance(node, list) and n == 1 and key.isdigit() and int(key) < len(node):
+                node, parts = node[int(key)], parts[1:]
+                break
+        else:
             near = ", ".join(nearest_keys(name, path, results_dir)) or "none"
-            raise KeyError(f"tag 'r {ref}': {f.name} has no key {key!r} on that path; nearest keys: {near}") from None
+            raise KeyError(f"tag 'r {ref}': {f.name} has no key {parts[0]!r} on that path; nearest keys: {near}")
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise KeyError(f"tag 'r {ref}': {path} is {type(node).__name__}, not a number")
     return float(node)
