@@ -115,3 +115,9 @@ def test_every_comparison_in_a_claimed_notebook_is_tagged(stem: str):
     loose = [(i, s) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown"
              for s in prose.untagged_claims("".join(c["source"]))]
     assert not loose, "\n".join(f"cell {i}: {s}" for i, s in loose)
+
+
+def test_a_key_holding_dots_is_found_by_the_longest_match(tmp_path: Path):
+    (tmp_path / "x.json").write_text(json.dumps({"study": {"T=1.0": {"sps": [1.0, 1.25]}, "T": {"x": 2.0}}}))
+    assert prose.lookup("x:study.T=1.0.sps.1", tmp_path) == 1.25
+    assert prose.lookup("x:study.T.x", tmp_path) == 2.0
