@@ -121,3 +121,18 @@ def test_a_key_holding_dots_is_found_by_the_longest_match(tmp_path: Path):
     (tmp_path / "x.json").write_text(json.dumps({"study": {"T=1.0": {"sps": [1.0, 1.25]}, "T": {"x": 2.0}}}))
     assert prose.lookup("x:study.T=1.0.sps.1", tmp_path) == 1.25
     assert prose.lookup("x:study.T.x", tmp_path) == 2.0
+
+
+def test_an_output_with_no_discussion_after_it_is_found(tmp_path: Path):
+    fig = {"cell_type": "code", "source": "fig.show()", "outputs": [{"output_type": "display_data",
+                                                                       "data": {"image/png": "..."}}]}
+    quiet = {"cell_type": "code", "source": "x = 1", "outputs": []}
+    md = {"cell_type": "markdown", "source": "**What the output shows.** ..."}
+    head = {"cell_type": "markdown", "source": "## Next section"}
+    (tmp_path / "n.ipynb").write_text(json.dumps({"cells": [fig, md, fig, head, quiet, fig]}))
+    assert prose.undiscussed(tmp_path / "n.ipynb") == [2, 5]
+
+
+@pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
+def test_every_figure_table_and_token_view_is_discussed(nb: Path):
+    assert prose.undiscussed(nb) == [], f"{nb.name}: code cells with output and no discussion cell after them"

@@ -199,6 +199,32 @@ def check_markdown(source: str, cell: int = 0, results_dir: Dirs = RESULTS) -> l
     return problems
 
 
+def shows_something(cell: dict) -> bool:
+    """A code cell whose outputs a learner reads: a figure, an HTML or markdown view (a table, a token view), or a
+    printed table (a stream of four lines or more)."""
+    for o in cell.get("outputs", []):
+        if set(o.get("data", {})) & {"image/png", "image/svg+xml", "text/html", "text/markdown",
+                                      "application/vnd.plotly.v1+json"}:
+            return True
+        if o.get("output_type") == "stream" and "".join(o.get("text", "")).count("\n") >= 4:
+            return True
+    return False
+
+
+def undiscussed(path: Path) -> list[int]:
+    """Code cells that show something (shows_something) with no discussion right after them: the next cell is not
+    a markdown cell, or it opens with a heading (a new section)."""
+    cells = json.loads(Path(path).read_text())["cells"]
+    out = []
+    for i, c in enumerate(cells):
+        if c["cell_type"] != "code" or not shows_something(c):
+            continue
+        nxt = cells[i + 1] if i + 1 < len(cells) else None
+        if nxt is None or nxt["cell_type"] != "markdown" or _markdown(nxt).lstrip().startswith("#"):
+            out.append(i)
+    return out
+
+
 def check_notebook(path: Path, results_dir: Dirs = RESULTS) -> list[Problem]:
     """Every markdown cell of a notebook (reference cells included)."""
     nb = json.loads(Path(path).read_text())
