@@ -152,7 +152,7 @@ def finish_full_run(ran: list[Path], times: dict[str, float]) -> int:
     """After every notebook of a full run has run: check every prose tag against the staged results (then the
     committed ones); if any fails, change nothing and say what to do. Else put the results, figures and the executed
     notebooks in place together, refresh the prose and regenerate the README."""
-    from dvi_lite.study.prose import refresh_notebooks, unresolved_tags
+    from dvi_lite.study.prose import check_notebook, refresh_notebooks, unresolved_tags
     from dvi_lite.study.report import update_readme
 
     bad = unresolved_tags(notebooks(), [STAGE / "results", ROOT / "results"])
@@ -172,6 +172,10 @@ def finish_full_run(ran: list[Path], times: dict[str, float]) -> int:
     update_readme()
     print(f"{len(moved)} results and figures and {len(ran)} notebooks put in place; README results section "
           "regenerated from results/*.json", flush=True)
+    false = [f"{nb.name} {p}" for nb in notebooks() for p in check_notebook(nb) if "claim" in p.why]
+    if false:  # the numbers moved under a comparison the prose makes: the author re-reads it (make test fails)
+        print("These claims in the prose no longer hold against the new results; re-read and rewrite each:\n  " +
+              "\n  ".join(false), flush=True)
     return 0
 
 
