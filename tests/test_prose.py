@@ -136,3 +136,10 @@ def test_an_output_with_no_discussion_after_it_is_found(tmp_path: Path):
 @pytest.mark.parametrize("nb", NBS, ids=[nb.stem for nb in NBS])
 def test_every_figure_table_and_token_view_is_discussed(nb: Path):
     assert prose.undiscussed(nb) == [], f"{nb.name}: code cells with output and no discussion cell after them"
+
+
+def test_a_claim_can_name_its_file_once(tmp_path: Path):
+    (tmp_path / "x.json").write_text(json.dumps({"a": 2.0, "b": 1.0}))
+    (tmp_path / "y.json").write_text(json.dumps({"c": 3.0}))
+    assert prose.check_claim("x: a > b and a >= 2 * b and a < y:c", tmp_path) is None
+    assert "claim false" in prose.check_claim("x: b > a", tmp_path)

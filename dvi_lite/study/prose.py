@@ -19,7 +19,8 @@ A comparison in prose is a claim, tagged right after it and checked the same way
     08_results:methods.medusa.speedup_interval.0 <= 1 <= 08_results:methods.medusa.speedup_interval.1-->.
 
 `c EXPR`: comparisons (`<`, `<=`, `>`, `>=`, chained) between `FILE:KEY.PATH` values, numbers and products
-(`2 * FILE:KEY.PATH`), joined by `and`; the build fails when one is false. "A beats B" is written against the
+(`2 * FILE:KEY.PATH`), joined by `and`; `<!--c FILE: a.b > c.d-->` names the file once for every operand
+without one. The build fails when one is false. "A beats B" is written against the
 intervals (A's lower end above B's upper end), so a claim an interval leaves undecided fails too. `<!--c idea-->`
 marks a sentence about a method or the lesson rather than this run's numbers. `untagged_claims` lists the sentences
 that use a comparison word ("faster", "beats", "above 1", ...) with no `c` tag, for the notebooks held to that
@@ -138,26 +139,37 @@ def _check_tag(m: re.Match, results_dir: Dirs) -> str | None:
     return None if round(value, decimals) == shown else f"results say {value:.{decimals + 2}f}"
 
 
-def _operand(text: str, results_dir: Dirs) -> float:
-    if "*" in text:  # a product: "2 * FILE:KEY" (twice a value)
-        a, _, b = text.partition("*")
-        return _operand(a.strip(), results_dir) * _operand(b.strip(), results_dir)
+def _is_number(text: str) -> bool:
     try:
-        return float(text.replace("−", "-"))
+        float(text.replace("−", "-"))
     except ValueError:
-        return lookup(text, results_dir)
+        return False
+    return True
+
+
+def _operand(text: str, results_dir: Dirs, default: str | None = None) -> float:
+    if "*" in text:  # a product: "2 * FILE:KEY" (twice a value)
+        a, _, b = (x.strip() for x in text.partition("*"))
+        return _operand(a, results_dir, default) * _operand(b, results_dir, default)
+    if _is_number(text):
+        return float(text.replace("−", "-"))
+    named = any((d / f"{text.partition(':')[0]}.json").is_file() for d in _dirs(results_dir))
+    return lookup(text if named or default is None else f"{default}:{text}", results_dir)  # keys may hold ":"
 
 
 def check_claim(expr: str, results_dir: Dirs = RESULTS) -> str | None:
     """None when every comparison in a `c` tag's expression holds, else which one fails and with what values."""
     if expr.strip() == "idea":  # a statement about a method or the lesson, not about this run's numbers
         return None
-    for term in re.split(r"\s+and\s+", " ".join(expr.split())):
+    expr = " ".join(expr.split())
+    m = re.match(r"^(?P<file>[\w./-]+):\s+(?P<rest>.*)$", expr)
+    default = m["file"] if m else None  # "FILE: a.b > c.d": operands without a FILE are keys into FILE
+    for term in re.split(r"\s+and\s+", m["rest"] if m else expr):
         parts = COMPARE.split(term)  # [operand, op, operand, op, operand ...]
         if len(parts) < 3 or len(parts) % 2 == 0:
             return f"claim {term!r}: expected A < B (chains and 'and' allowed)"
         try:
-            vals = [_operand(x, results_dir) for x in parts[::2]]
+            vals = [_operand(x, results_dir, default) for x in parts[::2]]
         except KeyError as e:
             return e.args[0]
         for i in range(len(vals) - 1):
