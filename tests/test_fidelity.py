@@ -166,3 +166,9 @@ def test_dvi_against_kl_only_reads_the_reference_arm_when_it_was_run():
     assert status == YES and "reference's default objective" in ours and "3 seeds" in ours
     res["41_dvi_ablation"]["runs"]["kl"] = {"0": run(0.25), "1": run(0.27), "2": run(0.26)}
     assert _status(claim, res)[0] == NO
+    # agreement favours the reference arm, held-out τ favours KL-only: partial, both named
+    for s, (ref_tau, kl_tau) in {"0": (1.16, 1.20), "1": (1.17, 1.19), "2": (1.165, 1.21)}.items():
+        res["41_dvi_ablation"]["runs"]["reference"][s]["heldout_bench"] = {"tau": ref_tau}
+        res["41_dvi_ablation"]["runs"]["kl"][s] = {**run(0.15), "heldout_bench": {"tau": kl_tau}}
+    status, ours = _status(claim, res)
+    assert status == PARTIAL and "held-out τ" in ours and "held-out agree" in ours

@@ -230,9 +230,15 @@ def _dvi_vs_kl(results: Results) -> tuple[str, str]:
         metric = lookup(results, "41_dvi_ablation:metric")
         seeds = sorted(set(runs["reference"]) & set(runs["kl"]))
         d = ci95([runs["kl"][s]["final"][metric] - runs["reference"][s]["final"][metric] for s in seeds])
-        ranking = " > ".join(lookup(results, "41_dvi_ablation:ranking"))
-        return _interval(d, good_below=True), \
-            f"KL-only − the reference's default objective, held-out {metric} {_ci(d)}, {d['n']} seeds; {ranking}"
+        parts = [(_interval(d, good_below=True), f"held-out {metric} {_ci(d)}")]
+        taus = [(runs["kl"][s].get("heldout_bench") or {}).get("tau") for s in seeds] + \
+               [(runs["reference"][s].get("heldout_bench") or {}).get("tau") for s in seeds]
+        if None not in taus:  # what decoding gets: held-out τ, paired by seed
+            t = ci95([a - b for a, b in zip(taus[:len(seeds)], taus[len(seeds):], strict=True)])
+            parts.append((_interval(t, good_below=True), f"held-out τ {_ci(t)}"))
+        status = parts[0][0] if len({p[0] for p in parts}) == 1 else PARTIAL
+        return status, "KL-only − the reference's default objective: " + "; ".join(p[1] for p in parts) + \
+            f" ({d['n']} seeds)"
     metric = lookup(results, "27_dvi_paper_ablation:metric")
     d = lookup(results, f"27_dvi_paper_ablation:paired_vs_dvi.kl.{metric}")  # KL-only minus DVI, paired by seed
     ranking = " > ".join(lookup(results, "27_dvi_paper_ablation:ranking"))
