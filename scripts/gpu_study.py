@@ -39,11 +39,6 @@ def device_facts() -> dict:
     return provenance("python scripts/gpu_study.py", device=DEV)
 
 
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
 def tree(out: Path, sizes=(4, 8, 16, 32, 64), context: int = 512, reps: int = 30,
          dtypes=("float32", "bfloat16")) -> None:
     """One tree verify of n nodes over a real context (SmolLM2, in each dtype): max |logit difference| between
@@ -60,6 +55,7 @@ def tree(out: Path, sizes=(4, 8, 16, 32, 64), context: int = 512, reps: int = 30
 
 def _tree_rows(dtype: str, sizes, context: int, reps: int) -> list[dict]:
     from dvi_lite.core.runner import Runner
+    from dvi_lite.methods.medusa.tree_attention_check import timeit_us
     from dvi_lite.models.loading import load_model
     from dvi_lite.models.specbench import SPEC_BENCH_DEV, read_prompts
 
@@ -86,16 +82,7 @@ def _tree_rows(dtype: str, sizes, context: int, reps: int) -> list[dict]:
                 caches[a].crop(ids.shape[1])
                 return out
             logits[a] = step().float()
-            for _ in range(3):
-                step()
-            ts = []
-            for _ in range(reps):
-                sync()
-                t0 = time.perf_counter()
-                step()
-                sync()
-                ts.append((time.perf_counter() - t0) * 1e3)
-            times[a] = sorted(ts)[len(ts) // 2]
+            times[a] = timeit_us(step, torch.device(DEV), reps) / 1e3  # median ms, after a warm-up
         diff = (logits["triton"] - logits["sdpa"]).abs().max().item()
         same = bool((logits["triton"].argmax(-1) == logits["sdpa"].argmax(-1)).all())
         rows.append({"dtype": dtype, "nodes": n, "context": int(ids.shape[1]), "max_abs_logit_diff": diff,

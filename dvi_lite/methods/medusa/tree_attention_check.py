@@ -35,7 +35,7 @@ def _random_parents(n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.tensor([int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)], dtype=torch.long)
 
 
-def _timeit(fn, device: torch.device, reps: int = 50) -> float:
+def timeit_us(fn, device: torch.device, reps: int = 50) -> float:
     """Median wall time of fn() in microseconds (synchronising the device around each call)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
@@ -86,9 +86,9 @@ def check(n: int = 300, seed: int = 0, device: str | None = None) -> dict[str, A
             sdpa = partial(F.scaled_dot_product_attention, x[0], k, v, attn_mask=mask)
             timings.append(dict(
                 P=P, N=N, H=H, Hkv=Hkv, D=D, dtype="float16",
-                triton_us=_timeit(lambda x=x, par=par: tree_attention_triton(*x, par), dev),
-                reference_us=_timeit(lambda x=x, par=par: tree_attention_reference(*x, par), dev),
-                sdpa_premasked_us=_timeit(sdpa, dev)))
+                triton_us=timeit_us(lambda x=x, par=par: tree_attention_triton(*x, par), dev),
+                reference_us=timeit_us(lambda x=x, par=par: tree_attention_reference(*x, par), dev),
+                sdpa_premasked_us=timeit_us(sdpa, dev)))
     return dict(device=str(torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev), trees=n, seed=seed,
                 max_abs_err=errs, worst_case=worst, timings_us=timings,
                 note="reference_us includes validation + host-built mask + GQA repeat; sdpa_premasked_us is sdpa alone")
