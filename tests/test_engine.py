@@ -256,3 +256,23 @@ def test_stats_aggregates_hand_example():
 
 def test_registry_lists_the_methods():
     assert {"ar", "hf", "hf_assisted", "sps"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("learns", [False, True])
+def test_the_loop_runs_in_inference_mode_unless_the_drafter_learns(target, prompts, learns):
+    """A drafter that keeps the decode's tensors to train on (DVI's online learner) gets a no_grad loop, whose
+    tensors can enter autograd; every other drafter an inference-mode loop (less per-op bookkeeping)."""
+    from dvi_lite.core.engine import decode
+
+    class Probe(Drafter):
+        seen: list[bool] = []
+
+        def propose(self, state):
+            self.seen.append(torch.is_inference_mode_enabled())
+            return super().propose(state)
+
+    probe = Probe()
+    probe.learns = learns
+    decode(Runner.for_model(target), probe, list(range(5, 13)), 4, Sampler(), make_generator(0))
+    assert probe.seen and all(s is (not learns) for s in probe.seen)
+    assert not torch.is_inference_mode_enabled()  # and nothing leaks out of it

@@ -70,6 +70,9 @@ class Drafter:
     capture_layer: int | None = None  # ask the prefill for the prompt's hidden states after this many layers
     capture_layers: tuple[int, ...] = ()  # ... and after each of these (prefill_hidden; EAGLE's fused features)
     max_draft: int = 0  # the most nodes one proposal can hold: the cache room the engine reserves for it
+    # learns: feedback keeps the decode's tensors to train on later (DVI's online learner). The loop then runs
+    # under no_grad; otherwise under inference_mode, whose tensors cannot enter autograd but cost less per op
+    learns: bool = False
 
     def __init__(self, model=None, tokenizer=None):
         """The AR factory: `Drafter(model, tokenizer)` builds the empty drafter (the registry calls it so)."""
@@ -317,11 +320,23 @@ def _bonus(prop: Proposal, path: list[int]) -> bool:
     return not bool((prop.parents == (path[-1] if path else -1)).any())
 
 
-@torch.no_grad()
+def grad_free(drafter: Drafter | None = None):
+    """The context a decode runs in: `torch.inference_mode()` (no autograd bookkeeping at all: 1.1 to 1.4 ms less per
+    SmolLM2 decoding forward on the 2-core CPU, on every runtime: `runtimes --kernels`, results/40_kernels_*.json),
+    or `torch.no_grad()` for a drafter that learns."""
+    return torch.no_grad() if drafter is not None and drafter.learns else torch.inference_mode()
+
+
 def decode(runner: Runner, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
            gen: torch.Generator, eos_token_id: int | None = None,
            max_draft: int | None = None) -> tuple[list[int], Stats]:
     """Generate up to max_new_tokens after prompt_ids with `drafter`; returns (new token ids, stats)."""
+    with grad_free(drafter):
+        return _decode(runner, drafter, prompt_ids, max_new_tokens, sampler, gen, eos_token_id, max_draft)
+
+
+def _decode(runner: Runner, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
+            gen: torch.Generator, eos_token_id: int | None, max_draft: int | None) -> tuple[list[int], Stats]:
     dev = runner.device
     stats = Stats(prompt_tokens=len(prompt_ids))
     t0 = _now(dev)

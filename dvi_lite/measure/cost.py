@@ -33,7 +33,7 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the decode loop runs (core.engine.grad_free): the same per-op cost
 def forward_times(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: int = 7,
                   seed: int = 0) -> dict[int, float]:
     """{n: median seconds of one forward (every layer + the LM head at all n positions) over n new tokens

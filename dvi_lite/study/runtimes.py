@@ -82,7 +82,7 @@ def quant_error(model, tok, prompts: list[dict], max_new_tokens: int) -> dict[st
                  "mean_abs_logit_error": statistics.mean(v["mean"])} for rt, v in sums.items()}
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def kernel_rates(model, repeats: int = 200) -> list[dict]:
     """One decoding step's matrix-vector product (batch 1) per layer shape of `model` and weight format: microseconds
     and GB/s of weight bytes. Says whether a format's kernel streams its bytes as fast as packed bf16: int8 halves
@@ -113,6 +113,37 @@ def kernel_rates(model, repeats: int = 200) -> list[dict]:
             rows.append({"matrix": name, "shape": list(w.shape), "format": fmt, "us": dt * 1e6,
                          "bytes": nbytes(q), "GBps": nbytes(q) / dt / 1e9})
     return rows
+
+
+def grad_mode_times(model, context: int = 340, repeats: int = 40) -> dict[str, dict]:
+    """{runtime: median ms of one decoding forward (1 token at `context` cached positions) under torch.no_grad and
+    under torch.inference_mode}, the two interleaved. Why the decode loop runs in inference mode
+    (core.engine.grad_free): the same products, less bookkeeping per op, and a forward here is hundreds of ops."""
+    import time
+
+    modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+    out = {}
+    for rt in RUNTIMES:
+        with serving(model, rt) as r, torch.no_grad():
+            vocab = r.lm_head.weight.shape[0]
+            g = torch.Generator().manual_seed(0)
+            cache = r.new_cache(context + 1)
+            r.forward(torch.randint(0, vocab, (1, context), generator=g).to(r.device), cache)
+            x = torch.randint(0, vocab, (1, 1), generator=g).to(r.device)
+            times: dict[str, list[float]] = {m: [] for m in modes}
+            for i in range(repeats + 2):  # two warm-up rounds; the order alternates so drift hits both alike
+                for m in (list(modes) if i % 2 else list(modes)[::-1]):
+                    with modes[m]():
+                        t0 = time.perf_counter()
+                        r.forward(x, cache)
+                        dt = time.perf_counter() - t0
+                    cache.crop(context)
+                    if i >= 2:
+                        times[m].append(dt)
+        ms = {m: 1e3 * statistics.median(ts) for m, ts in times.items()}
+        out[rt] = {**{f"{m}_ms": v for m, v in ms.items()}, "saved_ms": ms["no_grad"] - ms["inference_mode"],
+                   "context": context, "repeats": repeats}
+    return out
 
 
 LABELS = ["ar", "ar@lean", "ar@int8", "ar@int4", "hf"]  # AR on each runtime, and HF generate
@@ -160,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="timed rounds of the paired AR comparison")
     ap.add_argument("--kernels", action="store_true",
-                    help="only time one decoding step's matrix-vector product per layer shape and weight format")
+                    help="only time one decoding step's matrix-vector product per layer shape and weight format, "
+                         "and one decoding forward per runtime under no_grad and under inference_mode")
     ap.add_argument("--json", default=None, help="write the results here (checked before any work)")
     add_force(ap)
     return ap
@@ -185,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         for k in rows:
             print(f"{k['matrix']:8s} {str(tuple(k['shape'])):14s} {k['format']:7s} {k['us']:8.1f} us "
                   f"{k['GBps']:6.1f} GB/s of weights")
+        modes = grad_mode_times(model)
+        for rt, g in modes.items():
+            print(f"{rt:5s} one decoding forward: {g['no_grad_ms']:.2f} ms under no_grad, "
+                  f"{g['inference_mode_ms']:.2f} ms under inference_mode")
         if args.json:
             body = {"provenance": provenance(command_line("runtimes", argv), None, timing=TIMING,
-                                             **model_facts(args.model, model)), "kernels": rows}
+                                             **model_facts(args.model, model)), "kernels": rows, "grad_modes": modes}
             atomic_write_text(Path(args.json), results_json(body))
         return 0
     path = specbench.SPEC_BENCH_DEV if has_chat_template(tok) else None

@@ -46,6 +46,7 @@ class DVIDrafter(EarlyExitDrafter):
         super().__init__(runner, policy.split, K, threshold, 1, vocab)  # a chain (branch 1): one experience per draft
         self.policy = policy
         self.collect = collect
+        self.learns = collect  # its experiences are trained on: the loop keeps them autograd-ready (no_grad)
         self._pending: list[tuple[torch.Tensor, ...]] = []
         # drafting only: the policy merged into the model's dtype (a snapshot); a learning drafter uses the policy
         self.merged = MergedExit.of(policy, runner.lm_head.weight.dtype) if merged and not collect else None
