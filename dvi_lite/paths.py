@@ -12,6 +12,9 @@ BUILD_DIR = ROOT / "build"  # ignored: smoke outputs, other models' trained piec
 # A full run of `make reproduce` writes its results and figures here first (dvi_lite.study.reproduce), and puts
 # them in place only once every notebook has run and every prose tag resolves.
 STAGE_ENV = "DVI_STAGE_DIR"
+# "1": a learner-sized run of the notebooks fills each exercise's worked solution in, instead of stopping at the first
+# one left to write (`make learner` times Run All's sizes end to end; course.exercises.yours reads it)
+FILL_EXERCISES_ENV = "DVI_LITE_FILL_EXERCISES"
 
 
 def output_dir(kind: str) -> Path:

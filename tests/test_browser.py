@@ -9,7 +9,7 @@ What it does:
     config / data / runtime / settings / workspace dirs (autosave off, so notebooks/05_dvi.ipynb is never
     written: the test asserts its bytes are unchanged);
   * opens notebooks/05_dvi.ipynb in Chromium, Run > Run All Cells (the committed learner default, MODE = "learner"),
-    waits for every code cell to get an execution count (Run All stops at the first error);
+    waits until Run All stops at the first exercise left to write (ExerciseToDo; any other stop fails);
   * in section 7's LambdaWidget, drags the T_λ slider's handle with the mouse and checks that the tau
     readout, the status line and the plotted "lambda_t" trace (its SVG path and the figure's y data,
     which must equal max(floor, exp(-t / tau)) for the new readout tau) all changed;
@@ -206,15 +206,15 @@ def browser(lab):
 # ------------------------------------------------------------------ page helpers (JS run in the page)
 
 # The lambda_t trace of the widget's plotly figure: plotly binds each trace's calcdata to its <g class="trace">,
-# so the SVG group is found by trace name; the figure's own data (gd.data) gives the plotted y values.
+# so the SVG group is found by trace key (its meta); the figure's own data (gd.data) gives the plotted y values.
 LAMBDA_JS = """([fig, name]) => {
     // LambdaWidget puts its CSS class on the FigureWidget's own element, plotly's graph div
     const gd = fig.classList.contains('js-plotly-plot') ? fig : fig.querySelector('.js-plotly-plot');
     if (!gd || !gd.data) return null;
     const g = Array.from(gd.querySelectorAll('g.trace.scatter'))
-        .find(g => g.__data__ && g.__data__[0] && g.__data__[0].trace && g.__data__[0].trace.name === name);
+        .find(g => g.__data__ && g.__data__[0] && g.__data__[0].trace && g.__data__[0].trace.meta === name);
     const path = g ? g.querySelector('path.js-line') : null;
-    const tr = gd.data.find(t => t.name === name);
+    const tr = gd.data.find(t => t.meta === name);
     return {d: path ? path.getAttribute('d') : null, y: tr ? Array.from(tr.y).slice(0, 50) : null,
             ymin: tr ? Math.min(...tr.y) : null, n: tr ? tr.y.length : 0};
 }"""
@@ -261,6 +261,8 @@ def _run_all(page, nb) -> list[str]:
         if stalled >= 5:  # Run All clears the queue at the first error: report the outputs
             outs = nb.locator(".jp-OutputArea-output")
             text = "\n".join(outs.nth(i).inner_text()[-1500:] for i in range(outs.count()))
+            if "ExerciseToDo" in text and "is yours to write" in text:  # the learner's stop: the first exercise
+                return prompts
             pytest.fail(f"Run All stopped before the end: prompts {prompts}\n{text[-6000:]}")
         time.sleep(2)
     pytest.fail(f"notebook 05 did not finish within {RUN_ALL_TIMEOUT_S} s; prompts: {prompts}")

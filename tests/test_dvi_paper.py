@@ -139,6 +139,9 @@ def test_the_online_phase_may_run_at_its_own_learning_rate(built, tmp_path):
     warm, online = [r["lr"] for r in log if r.get("phase") == "warm"], [r["lr"] for r in log if "phase" not in r]
     assert online and max(online) <= 1e-5 < max(warm)
     assert card["config"]["lr"] == CFG.lr and card["recipe"]["online_lr"] == 1e-5
+    # a finished run resumes (its checkpoint was saved at the online rate): the same card, nothing retrained
+    again = paper.train_paper(model, tok, train, val, CFG, dataclasses.replace(RECIPE, online_lr=1e-5), tmp_path)
+    assert again["config"]["lr"] == CFG.lr and again["curve"] == card["curve"]
     with pytest.raises(ValueError, match="online_lr"):
         paper.PaperRecipe(online_lr=0.0).check()
 

@@ -36,7 +36,7 @@ def test_construction_is_cheap_and_findable(deep_model):
     cfg = DVIConfig(**BASE)
     w = LambdaWidget(deep_model, DEEP_PROMPTS, cfg, horizon=40)
     assert w.trainer is None and w.records == []  # nothing trained, no trainer built
-    assert [t.name for t in w.fig.data] == list(TRACE_NAMES)
+    assert [t.meta for t in w.fig.data] == list(TRACE_NAMES)
     assert isinstance(w.fig, go.FigureWidget)
     assert ys(w) == lambda_curve(40, 10.0, 0.05) and list(w.trace(LAMBDA_TRACE).x) == list(range(40))
     for name in STREAM_TRACES + ("lambda_used",):
@@ -154,7 +154,7 @@ def test_static_figure_copies_the_state(deep_model):
     w.train(2)
     s = w.static_figure()
     assert type(s) is go.Figure
-    assert [t.name for t in s.data] == [t.name for t in w.fig.data]
+    assert [t.meta for t in s.data] == [t.meta for t in w.fig.data]
     for a, b in zip(s.data, w.fig.data, strict=True):
         assert list(a.x) == list(b.x) and list(a.y) == list(b.y)
     assert "2 fast steps" in s.layout.title.text

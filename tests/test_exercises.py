@@ -382,3 +382,26 @@ def test_the_law_alone_rejects_each_wrong_verify(label, monkeypatch):
     monkeypatch.setattr(checks, "_greedy_cases", lambda gen: [])
     with pytest.raises(AssertionError, match="χ²"):
         checks.check_verify_sampling_chain(WRONG["verify_sampling_chain"][label], runs=3000)
+
+
+def test_an_unfilled_exercise_stops_a_learner_and_is_filled_in_smoke_and_full(monkeypatch, capsys):
+    """Learner mode: Run All halts at the first exercise still holding its stub, saying what to write; smoke and
+    full runs check the worked solution; a learner's own function is always the one checked."""
+    from dvi_lite.course import exercises, modes
+
+    mine = lambda t, T, floor: max(floor, math.exp(-t / T))  # noqa: E731
+    monkeypatch.setattr(modes, "_current", modes._current)  # restored afterwards: other tests read the mode
+    monkeypatch.delenv(exercises.FILL_ENV, raising=False)
+    modes.check_mode("learner")
+    with pytest.raises(exercises.ExerciseToDo, match=r"Exercise 05\.1 is yours to write: .*kl_weight\(t.*"
+                                                     r"stubs\.kl_weight"):
+        exercises.yours(stubs.kl_weight)
+    assert exercises.yours(mine) is mine
+    monkeypatch.setenv(exercises.FILL_ENV, "1")  # `make learner` times Run All's sizes with the solutions in
+    assert exercises.yours(stubs.kl_weight) is solutions.kl_weight
+    monkeypatch.delenv(exercises.FILL_ENV)
+    for mode in ("smoke", "full"):
+        modes.check_mode(mode)
+        assert exercises.yours(stubs.kl_weight) is solutions.kl_weight and exercises.yours(mine) is mine
+    assert "checking the worked solution, solutions.kl_weight" in capsys.readouterr().out
+    assert [exercises.label(n) for n in ("break_even_alpha", "paired_speedup")] == ["Exercise 00.1", "Exercise 08.1"]

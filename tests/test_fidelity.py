@@ -98,13 +98,13 @@ def test_dvi_against_kl_only_by_the_paired_interval():
     claim = _claim("DVI", "KL-only")
 
     def res(d: dict) -> dict:
-        return {"27_dvi_paper_ablation": {"metric": "agree", "paired_vs_dvi": {"kl": {"agree": d}},
-                                          "ranking": ["dvi", "kl", "rl"]}}
+        return {"41_dvi_ablation": {"metric": "agree", "paired_vs_dvi": {"kl": {"agree": d}},
+                                    "ranking": ["dvi", "kl", "rl"], "runs": {"dvi": {}, "kl": {}, "rl": {}}}}
     assert _status(claim, res(_ci(-0.05, -0.08, -0.02)))[0] == YES  # KL-only minus DVI below 0: DVI ahead
     status, ours = _status(claim, res(_ci(0.07, 0.03, 0.12)))
     assert status == NO and "+0.070" in ours
     assert _status(claim, res(_ci(-0.01, -0.04, 0.02)))[0] == PARTIAL
-    assert _status(claim, {"27_dvi_paper_ablation": {"metric": "agree"}})[0] == NOT_MEASURED
+    assert _status(claim, {"41_dvi_ablation": {"metric": "agree", "runs": {}}})[0] == NOT_MEASURED
 
 
 def test_eagle_ablation_claims_are_not_measured_until_their_file_exists():

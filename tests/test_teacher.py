@@ -58,6 +58,27 @@ def test_soft_targets_replace_hard_labels_by_the_models_top_k(course):
     assert got.card["targets"].startswith("soft: the target's top-4")
 
 
+def test_soft_targets_are_kept_for_the_next_run_and_a_torn_file_is_recomputed(course, tmp_path, monkeypatch):
+    from dvi_lite.models import teacher
+    from dvi_lite.models.teacher import soft_targets
+
+    model, tok = course
+    monkeypatch.setattr(teacher, "BUILD_DIR", tmp_path)
+    rows = [tok("The cat sat on the mat")["input_ids"]]
+    first = soft_targets(model, teacher_outputs(model, rows, TeacherConfig(layers=(2,), top_k=1)), top_k=3)
+    kept = list((tmp_path / "cache").glob("soft_top3_*.pt"))
+    assert len(kept) == 1
+    hard = teacher_outputs(model, rows, TeacherConfig(layers=(2,), top_k=1))
+    monkeypatch.setattr(teacher, "tqdm", lambda *a, **k: pytest.fail("the teacher pass ran again"))
+    again = soft_targets(model, hard, top_k=3)
+    assert torch.equal(again.top_ids, first.top_ids) and torch.equal(again.top_logp, first.top_logp)
+    monkeypatch.undo()
+    monkeypatch.setattr(teacher, "BUILD_DIR", tmp_path)
+    kept[0].write_bytes(b"torn")
+    third = soft_targets(model, teacher_outputs(model, rows, TeacherConfig(layers=(2,), top_k=1)), top_k=3)
+    assert torch.equal(third.top_ids, first.top_ids)
+
+
 def test_bad_layers_are_named(course):
     model, _ = course
     with pytest.raises(ValueError, match=r"layers must lie in \[1, 11\].*\[12\]"):

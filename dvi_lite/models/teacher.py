@@ -17,6 +17,8 @@ windows of the course corpus. `python -m dvi_lite teacher --model smollm2` build
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,7 +32,7 @@ from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import fingerprint
-from dvi_lite.paths import BUILD_DIR, atomic_write_text
+from dvi_lite.paths import BUILD_DIR, atomic_write_bytes, atomic_write_text
 from dvi_lite.safety import load_torch
 
 
@@ -176,29 +178,53 @@ def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: i
 
 
 @torch.no_grad()
-def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4) -> TeacherData:
+def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4, cache: bool = True) -> TeacherData:
     """Replace hard labels (the token record's: the next token, probability 1) by the target's own soft top-k:
     one full forward over every row in prefill batches, then the `top_k` most likely next tokens and their
     log-probabilities under the full softmax at every scored position. What a KL warm start distils is then the
     target's distribution, not the one token it happened to sample. Rows are right-padded and attention is causal:
-    a row's targets do not depend on its padding. The card records what the targets are."""
+    a row's targets do not depend on its padding. The card records what the targets are.
+
+    cache: keep the result in build/cache/, keyed by the model's fingerprint, the rows' tokens and top_k (a pure
+    function of the three), so a second run (another exit layer, a resumed ablation) skips the teacher pass."""
     check_int("top_k", top_k, 1)
     check_int("batch_rows", batch_rows, 1)
-    runner = Runner.for_model(model)
     n, t = data.tokens.shape
-    ids = torch.zeros(n, t, top_k, dtype=torch.long)
-    logp = torch.full((n, t, top_k), float("-inf"), dtype=torch.float16)
-    for b in tqdm(range(0, n, batch_rows), desc=f"soft top-{top_k} targets"):
-        x = data.tokens[b:b + batch_rows].to(runner.device)  # (B, T)
-        pos = torch.arange(t, device=x.device)[None].expand(x.shape[0], -1)
-        h = runner.layers_forward(runner.embed(x), None, pos)  # (B, T, D)
-        lp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
-        top = lp.topk(top_k, dim=-1)
-        ids[b:b + batch_rows], logp[b:b + batch_rows] = top.indices.cpu(), top.values.to("cpu", torch.float16)
+    key = hashlib.sha256(data.tokens.numpy().tobytes() + str((n, t, top_k)).encode()).hexdigest()[:16]
+    path = BUILD_DIR / "cache" / f"soft_top{top_k}_{fingerprint(model)}_{key}.pt"
+    kept = _cached_targets(path) if cache else None
+    if kept is not None:
+        ids, logp = kept
+    else:
+        runner = Runner.for_model(model)
+        ids = torch.zeros(n, t, top_k, dtype=torch.long)
+        logp = torch.full((n, t, top_k), float("-inf"), dtype=torch.float16)
+        for b in tqdm(range(0, n, batch_rows), desc=f"soft top-{top_k} targets"):
+            x = data.tokens[b:b + batch_rows].to(runner.device)  # (B, T)
+            pos = torch.arange(t, device=x.device)[None].expand(x.shape[0], -1)
+            h = runner.layers_forward(runner.embed(x), None, pos)  # (B, T, D)
+            lp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
+            top = lp.topk(top_k, dim=-1)
+            ids[b:b + batch_rows], logp[b:b + batch_rows] = top.indices.cpu(), top.values.to("cpu", torch.float16)
+        if cache:
+            buf = io.BytesIO()
+            torch.save({"ids": ids, "logp": logp}, buf)
+            atomic_write_bytes(path, buf.getvalue())
     data.top_ids, data.top_logp = ids, logp
     data.card = {**data.card, "targets": f"soft: the target's top-{top_k} log-probabilities by a teacher forward "
                  "over the record (teacher.soft_targets)"}
     return data
+
+
+def _cached_targets(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(ids, logp) kept by an earlier `soft_targets`, or None (none kept, or a torn file: computed again)."""
+    if not path.is_file():
+        return None
+    try:
+        body = load_torch(path, "soft top-k targets", keys=("ids", "logp"))
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return body["ids"], body["logp"]
 
 
 def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None, command: str = "") -> TeacherData:

@@ -10,7 +10,7 @@ design choice carries over to small models on a CPU, and a verdict typed by hand
 Key paths are "stem:dotted.path" (stem = the results file's name without .json); a list item is its index. A key
 may itself hold dots ("kangaroo:threshold=0.6", "0.0667"): `lookup` matches the longest key first at each level.
 Files read: 01_speculative_sampling, 02_kangaroo, 04_medusa, 05_dvi, 08_results, 15_dvi_smollm2,
-27_draft_verify_search, 27_drafts_smollm2_bf16, 27_dvi_paper_ablation, and, once written, 41_draft_verify_seeds
+27_draft_verify_search, 27_drafts_smollm2_bf16, 41_dvi_ablation, and, once written, 41_draft_verify_seeds
 (draft-verify-compare), 41_draft_verify_gamma (draft-verify-gamma) and 41_eagle_ablation (arms.<arm>.tau for the
 arms full / no_ttt / static_tree / top_layer: a planned EAGLE ablation, no command writes it yet).
 """
@@ -211,19 +211,22 @@ def _dvi_stream(r: Results) -> tuple[str, str]:
 
 
 def _dvi_online(r: Results) -> tuple[str, str]:
+    """The paper's own objective (the reference trainers' default arm; our variant where that arm was not run)."""
+    runs = lookup(r, "41_dvi_ablation:runs")
+    arm = "reference" if "reference" in runs else "dvi"
     gains = [[p["agree"] for p in run["curve"] if p["phase"] in ("warm", "online")]
-             for run in lookup(r, "27_dvi_paper_ablation:runs.dvi").values()]
+             for run in lookup(r, f"41_dvi_ablation:runs.{arm}").values()]
     if not gains or min(map(len, gains)) < 2:
-        raise NotMeasured("results/27_dvi_paper_ablation.json runs.dvi lack warm and online curve points")
+        raise NotMeasured(f"results/41_dvi_ablation.json runs.{arm} lack warm and online curve points")
     return _grade(*[g[-1] > g[0] for g in gains]), \
-        "held-out agreement after warm start -> after online, per seed: " + ", ".join(f"{g[0]:.3f}->{g[-1]:.3f}"
-                                                                                     for g in gains)
+        f"{arm} arm, held-out agreement after warm start -> after online, per seed: " + \
+        ", ".join(f"{g[0]:.3f}->{g[-1]:.3f}" for g in gains)
 
 
 def _dvi_vs_kl(results: Results) -> tuple[str, str]:
-    """KL-only against the paper's own objective: the reference trainer's default arm of 41_dvi_ablation when that
-    run exists (paired by seed), else our variant ("dvi") in 27_dvi_paper_ablation."""
-    runs = results.get("41_dvi_ablation", {}).get("runs", {})
+    """KL-only against the paper's own objective in 41_dvi_ablation: the reference trainers' default arm when that run
+    exists (paired by seed), else our variant ("dvi")."""
+    runs = lookup(results, "41_dvi_ablation:runs")
     if "reference" in runs and "kl" in runs:
         from dvi_lite.measure.paired import ci95
 
@@ -239,9 +242,9 @@ def _dvi_vs_kl(results: Results) -> tuple[str, str]:
         status = parts[0][0] if len({p[0] for p in parts}) == 1 else PARTIAL
         return status, "KL-only − the reference's default objective: " + "; ".join(p[1] for p in parts) + \
             f" ({d['n']} seeds)"
-    metric = lookup(results, "27_dvi_paper_ablation:metric")
-    d = lookup(results, f"27_dvi_paper_ablation:paired_vs_dvi.kl.{metric}")  # KL-only minus DVI, paired by seed
-    ranking = " > ".join(lookup(results, "27_dvi_paper_ablation:ranking"))
+    metric = lookup(results, "41_dvi_ablation:metric")
+    d = lookup(results, f"41_dvi_ablation:paired_vs_dvi.kl.{metric}")  # KL-only minus our variant, paired by seed
+    ranking = " > ".join(lookup(results, "41_dvi_ablation:ranking"))
     return _interval(d, good_below=True), f"KL-only − DVI held-out {metric} {_ci(d)}, {d['n']} seeds; {ranking}"
 
 
@@ -298,7 +301,7 @@ CLAIMS: list[Claim] = [
           "best 4-head tree (sparse / pruned rows) vs the 4-head chain: higher τ and higher × AR → yes, one → partial, "
           "none → no", _medusa_tree),
     Claim("DVI", "acceptance rises over the online stream", "2.16× (Spec-Bench; target unverified)",
-          ["05_dvi:main_run.before_after", "15_dvi_smollm2:arms.dvi.curve", "27_dvi_paper_ablation:runs.dvi"],
+          ["05_dvi:main_run.before_after", "15_dvi_smollm2:arms.dvi.curve", "41_dvi_ablation:runs.reference"],
           "per source: the later acceptance (held-out α after the online phase; last stream window; held-out "
           "agreement after online vs after the KL warm start, every seed) above the earlier → yes; combined",
           each(course=_beats("05_dvi:main_run.before_after.after.alpha", "05_dvi:main_run.before_after.before.alpha",
@@ -306,7 +309,7 @@ CLAIMS: list[Claim] = [
                **{"SmolLM2 cold stream": _dvi_stream, "SmolLM2 paper recipe": _dvi_online})),
     Claim("DVI", "reward-driven learning beats KL-only distillation", "2.16× (Spec-Bench; target unverified)",
           ["41_dvi_ablation:runs.kl", "41_dvi_ablation:runs.reference", "41_dvi_ablation:ranking",
-           "27_dvi_paper_ablation:paired_vs_dvi.kl"],
+           "41_dvi_ablation:paired_vs_dvi.kl"],
           "KL-only − the paper's objective on the ablation's metric (paired by seed; the reference trainer's default "
           "arm where run, else our variant): 95% interval below 0 → yes, above 0 or mean ≥ 0 → no, else partial",
           _dvi_vs_kl),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dvi_lite.commands import command_line, prog
 from dvi_lite.measure.scrub import scrub
-from dvi_lite.paths import BUILD_DIR, ROOT, STAGE_ENV, atomic_write_text
+from dvi_lite.paths import BUILD_DIR, FILL_EXERCISES_ENV, ROOT, STAGE_ENV, atomic_write_text
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 OUT_DIR = BUILD_DIR / "notebooks"
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     stage = STAGE if not args.model else RUN_DIR / "models" / Path(args.model).resolve().name
     if mode == "full":
         os.environ[STAGE_ENV] = str(stage)
+    if mode == "learner":  # Run All's sizes, timed through to the end: the exercises get their worked solutions
+        os.environ[FILL_EXERCISES_ENV] = "1"
     run_key = hashlib.sha256(f"{package_hash()} {sorted(params.items())}".encode()).hexdigest()
     if args.fresh:
         shutil.rmtree(RUN_DIR, ignore_errors=True)

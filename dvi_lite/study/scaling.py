@@ -75,6 +75,9 @@ def needed(rows: Sequence[Mapping], key: str, speedup: float, c: float, v: Mappi
             "note": "log-linear extrapolation of the held-out curve: a lower bound, since a draft's capacity caps it"}
 
 
+AXIS_TITLES = {"val_agreement": "held-out top-1 agreement with the target"}  # a curve key -> what the axis says
+
+
 def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agreement", target: float | None = None,
                   title: str = "held-out agreement against tokens seen"):
     """Each method's curve (markers), its log-linear fit (solid over the data, dotted beyond it, up to 30× the data),
@@ -101,8 +104,8 @@ def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agree
                             showlegend=False)
     if target is not None:
         fig.add_hline(y=target, line_dash="dash", annotation_text=f"needed: {target:.2f}")
-    fig.update_layout(title=title, xaxis_type="log", xaxis_title="tokens seen (log scale)", yaxis_title=key,
-                      legend_title_text="draft")
+    fig.update_layout(title=title, xaxis_type="log", xaxis_title="tokens seen (log scale)",
+                      yaxis_title=AXIS_TITLES.get(key, key), legend_title_text="draft")
     return fig
 
 

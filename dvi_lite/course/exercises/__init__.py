@@ -10,6 +10,8 @@ EXERCISES lists them per chapter (the notebooks' two-digit prefix: 06 prompt loo
 """
 from __future__ import annotations
 
+from dvi_lite.paths import FILL_EXERCISES_ENV as FILL_ENV  # "1": a learner-sized run fills in the worked solutions
+
 EXERCISES: dict[str, list[tuple[str, str]]] = {
     "00": [("break_even_alpha", "the α at which drafting K tokens per step breaks even, from c and the v(n) table"),
            ("roofline_time", "the least time of one forward, streaming the weights or doing the arithmetic")],
@@ -38,3 +40,44 @@ EXERCISES: dict[str, list[tuple[str, str]]] = {
 def names() -> list[str]:
     """Every exercise name, in chapter order."""
     return [name for chapter in sorted(EXERCISES) for name, _ in EXERCISES[chapter]]
+
+
+
+class ExerciseToDo(NotImplementedError):
+    """An exercise cell still checks the stub: the message says what to write and where."""
+
+
+def label(name: str) -> str:
+    """"Exercise 05.1" for `kl_weight`: the heading the notebook gives it."""
+    for chapter, items in EXERCISES.items():
+        for i, (n, _) in enumerate(items, 1):
+            if n == name:
+                return f"Exercise {chapter}.{i}"
+    raise ValueError(f"no exercise is called {name!r}; the exercises: {', '.join(names())}")
+
+
+def yours(fn):
+    """The function an exercise cell checks: yours, once you have written it and put its name in the cell.
+
+    While the cell still holds the stub (`stubs.<name>`), a learner's Run All stops here with `ExerciseToDo`,
+    saying what to write; a smoke run (CI) and a full run (`make reproduce`) check the worked solution instead,
+    so every exercise and its check still run on every build, and the committed outputs show that check.
+    """
+    import inspect
+    import os
+
+    from dvi_lite.course.exercises import solutions, stubs
+    from dvi_lite.course.modes import current_mode
+
+    name = getattr(fn, "__name__", "")
+    if fn is not getattr(stubs, name, None):
+        return fn
+    mode = current_mode() or "learner"
+    if mode == "learner" and os.environ.get(FILL_ENV) != "1":
+        raise ExerciseToDo(
+            f"{label(name)} is yours to write: define a function with the stub's signature, "
+            f"{name}{inspect.signature(fn)}, as help(stubs.{name}) describes; put its name in place of "
+            f"`stubs.{name}` in this cell and run the cell again (a worked answer is in "
+            f"dvi_lite/course/exercises/solutions.py). The cells above this one have all run.") from None
+    print(f"[{mode} run: checking the worked solution, solutions.{name}]")
+    return getattr(solutions, name)

@@ -44,7 +44,7 @@ from dvi_lite.methods.dvi.ablation import paper_ablation
 from dvi_lite.methods.dvi.config import HEADS, RL_VARIANTS, DVIConfig
 from dvi_lite.methods.dvi.drafter import evaluate
 from dvi_lite.methods.dvi.learner import OnlineTrainer
-from dvi_lite.methods.dvi.paper import PAPER, PaperRecipe, train_paper
+from dvi_lite.methods.dvi.paper import HARD_TARGETS, PAPER, PaperRecipe, train_paper
 from dvi_lite.methods.dvi.policy import TRAINER_FILE
 from dvi_lite.models.artifacts import artifacts_dir, ckpt_path, save_piece
 from dvi_lite.paths import atomic_write_text
@@ -229,7 +229,7 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
     if args.ablation:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
         res = paper_ablation(model, tok, train_set, val_set, cfg, recipe, arms, args.seeds, out / "ablation", command)
-        res["warm_targets"] = train_set.card.get("targets", "hard labels: the record's own next tokens (p = 1)")
+        res["warm_targets"] = train_set.card.get("targets", HARD_TARGETS)
         if args.json:
             from dvi_lite.measure.provenance import results_json
 

@@ -233,8 +233,15 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
     out_dir.mkdir(parents=True, exist_ok=True)
     tr = make_trainer(model, tok, cfg, recipe, out_dir, ckpt_dir, progress)
     split = tr.cfg.split
+    base_lr = tr.cfg.lr
     if resume and (ckpt_dir / TRAINER_FILE).is_file():
-        tr.load_checkpoint()
+        try:
+            tr.load_checkpoint()
+        except ValueError:  # saved in (or after) the online phase, at the online learning rate: load it at that rate
+            if recipe.online_lr is None:
+                raise
+            tr.cfg = dataclasses.replace(tr.cfg, lr=recipe.online_lr)
+            tr.load_checkpoint()
         if new_names(tr.meta.get("paper", {}).get("recipe") or {}) != recipe.recipe():  # k: a pre-rename one
             raise ValueError(f"DVI checkpoint in {ckpt_dir} is of another recipe (now, saved): "
                              f"{recipe.recipe()}, {tr.meta.get('paper', {}).get('recipe')}")
@@ -295,7 +302,7 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
         checkpoint()
 
     # the online reward phase over the question stream
-    warm_cfg = tr.cfg
+    warm_cfg = dataclasses.replace(tr.cfg, lr=base_lr)
     if st["phase"] == "online" and recipe.online_lr is not None:  # (re-applied on a resume: the config is not saved)
         tr.cfg = dataclasses.replace(tr.cfg, lr=recipe.online_lr)
     if st["phase"] == "online" and recipe.sequences:
@@ -317,6 +324,9 @@ def train_paper(model, tok, train: TeacherData, val: TeacherData, cfg: DVIConfig
     checkpoint()
     tr.cfg = warm_cfg  # the card's config is the run's; recipe.online_lr says what the online phase used
     return finish(tr, tok, train, val, recipe, out_dir, command or None, provenance)
+
+
+HARD_TARGETS = "hard labels: the record's own next tokens (p = 1), as the target sampled them"
 
 
 def heldout_bench(tr: OnlineTrainer, tok, recipe: PaperRecipe) -> dict[str, Any] | None:
@@ -343,7 +353,8 @@ def finish(tr: OnlineTrainer, tok, train: TeacherData, val: TeacherData, recipe:
             "KL warm-start on the self-distillation set (lambda_t phase), then the online reward phase",
             "split": tr.cfg.split, "config": tr.cfg.to_dict(), "recipe": recipe.recipe(),
             "capacity": capacity(tr.policy),
-            "data": {"warm": {k: train.card.get(k) for k in ("source", "split", "n_rows", "n_tokens")},
+            "data": {"warm": {**{k: train.card.get(k) for k in ("source", "split", "n_rows", "n_tokens")},
+                              "targets": train.card.get("targets", HARD_TARGETS)},
                      "val": {k: val.card.get(k) for k in ("source", "split", "n_rows", "n_tokens")},
                      "online": "Spec-Bench dev training questions (serve.question_stream), seed "
                                f"{tr.cfg.seed}, first {tr.prompt_idx}"},

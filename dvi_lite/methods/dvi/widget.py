@@ -167,11 +167,11 @@ class LambdaWidget:
 
     # ------------------------------------------------------------------ figure
     def trace(self, name: str):
-        """The FigureWidget's trace called `name` (see figure.TRACE_NAMES)."""
+        """The FigureWidget's trace with key `name` (see figure.TRACE_NAMES; the legend shows figure.LABELS)."""
         for tr in self.fig.data:
-            if tr.name == name:
+            if tr.meta == name:
                 return tr
-        raise KeyError(f"no trace {name!r}; traces: {[t.name for t in self.fig.data]}")
+        raise KeyError(f"no trace {name!r}; traces: {[t.meta for t in self.fig.data]}")
 
     def _curve_len(self) -> int:
         step = self.trainer.fast_step if self.trainer is not None else 0
@@ -330,6 +330,9 @@ class LambdaWidget:
 
         fig = go.Figure(self.fig)
         c = self.cfg
+        # the steps trained and the schedule's decay (by t = 3 T_λ, exp(-t / T_λ) < 0.05), not the whole horizon
+        span = min(self._curve_len(), max(4 * len(self.records), 3 * c.t_lambda, 10))
+        fig.update_xaxes(range=[-0.5, span])
         fig.update_layout(title={"text": f"DVI λ_t (T_λ = {c.t_lambda:.3g}, KL floor = {c.kl_floor:.2f}) after "
                                          f"{len(self.records)} fast steps ({c.rl_variant}, lr = {c.lr:.1e})",
                                  "font": {"size": 14}}, margin={"t": 90})
