@@ -18,12 +18,14 @@ switches to a trainable draft LM head over the trimmed map (--head trained), a K
 split (--warm-start-tokens positions, lambda_t decaying with --t-lambda, T_λ, by default a third of the
 warm-start's steps), then the online reward phase over --sequences Spec-Bench training questions; held-out agreement
 on the val split at milestones of tokens seen; --max-minutes stops resumably (the same command continues).
---ablation runs DVI vs KL-only vs pure RL for every --seeds and writes --json:
+--ablation runs the --arms (our variant "dvi", the reference trainers' default "reference", KL-only "kl", pure RL
+"rl") for every --seeds and writes --json:
 
     python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --split 4 --vocab 8192 \
         --warm-start-tokens 1000000 --sequences 36 --max-minutes 60 --out build/dvi_paper/smollm2
-    python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --ablation --seeds 0,1,2 \
-        --warm-start-tokens 100000 --sequences 12 --json results/27_dvi_paper_ablation.json
+    python -m dvi_lite dvi --model smollm2 --data data/smollm2/distill --ablation --seeds 0,1,2 \
+        --arms dvi,kl,rl,reference --warm-start-tokens 100000 --sequences 12 --soft-top-k 32 --online-lr 1e-4 \
+        --json results/41_dvi_ablation.json
 """
 from __future__ import annotations
 
