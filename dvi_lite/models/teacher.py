@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from dvi_lite.core.checks import check_int
 from dvi_lite.core.generate import prompt_ids
 from dvi_lite.core.runner import Runner
 from dvi_lite.models.artifacts import fingerprint
-from dvi_lite.paths import BUILD_DIR, atomic_write_bytes, atomic_write_text
+from dvi_lite.paths import BUILD_DIR, atomic_write_text
 from dvi_lite.safety import load_torch
 
 
@@ -206,10 +206,11 @@ def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4,
             lp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
             top = lp.topk(top_k, dim=-1)
             ids[b:b + batch_rows], logp[b:b + batch_rows] = top.indices.cpu(), top.values.to("cpu", torch.float16)
-        if cache:
-            buf = io.BytesIO()
-            torch.save({"ids": ids, "logp": logp}, buf)
-            atomic_write_bytes(path, buf.getvalue())
+        if cache:  # through a temporary name and a rename: a kill leaves no half file to read back
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save({"ids": ids, "logp": logp}, tmp)
+            os.replace(tmp, path)
     data.top_ids, data.top_logp = ids, logp
     data.card = {**data.card, "targets": f"soft: the target's top-{top_k} log-probabilities by a teacher forward "
                  "over the record (teacher.soft_targets)"}
