@@ -18,10 +18,8 @@ from dvi_lite.measure.cost import expected_tau
 def run_at(model, tok, prompts: list, method: str, max_new_tokens: int, **options) -> dict:
     """τ and α pooled over every step of greedy answers to `prompts` (records with "prompt", or prompts) for one
     configuration of `method`: {"tau", "alpha", "steps"}."""
-    pooled = Stats()
-    for p in prompts:
-        pooled.steps += generate(model, tok, p["prompt"] if isinstance(p, dict) else p, method=method,
-                                 max_new_tokens=max_new_tokens, **options).stats.steps
+    pooled = Stats.pool(generate(model, tok, p["prompt"] if isinstance(p, dict) else p, method=method,
+                                 max_new_tokens=max_new_tokens, **options).stats for p in prompts)
     if not pooled.steps:
         raise ValueError("no decoding step ran: give prompts and max_new_tokens >= 2")
     return {"tau": pooled.tau, "alpha": pooled.alpha, "steps": len(pooled.steps)}
