@@ -112,11 +112,15 @@ def test_eagle_ablation_claims_are_not_measured_until_their_file_exists():
     status, ours = _status(claim, {"08_results": {}})
     assert status == NOT_MEASURED and "results/41_eagle_ablation.json missing" in ours
     assert "41_eagle_ablation:arms.no_ttt.tau" in claim.keys
-    arms = {"full": {"tau": 2.5}, "no_ttt": {"tau": 2.1}, "top_layer": {"tau": 2.6}}
+    # the training arms compare with a head trained on the same tokens (full_small), the tree arm with the committed
+    arms = {"full": {"tau": 2.0}, "full_small": {"tau": 2.5}, "no_ttt": {"tau": 2.1}, "top_layer": {"tau": 2.6}}
     assert _status(claim, {"41_eagle_ablation": {"arms": arms}})[0] == YES
     assert _status(_claim("EAGLE", "fusing"), {"41_eagle_ablation": {"arms": arms}})[0] == NO
     status, ours = _status(_claim("EAGLE", "static tree"), {"41_eagle_ablation": {"arms": arms}})
     assert status == NOT_MEASURED and "arms.static_tree.tau" in ours
+    arms = {"full": {"tau": 2.5}, "static_tree": {"tau": 2.2}}  # the tree arm alone: the others stay unmeasured
+    assert _status(_claim("EAGLE", "static tree"), {"41_eagle_ablation": {"arms": arms}})[0] == YES
+    assert _status(claim, {"41_eagle_ablation": {"arms": arms}})[0] == NOT_MEASURED
 
 
 def test_a_source_missing_leaves_the_others_to_decide():
