@@ -153,7 +153,10 @@ def test_every_key_of_a_committed_file_resolves():
     for c in fidelity.CLAIMS:
         for key in c.keys:
             if key.partition(":")[0] in results:
-                fidelity.lookup(results, key)  # raises NotMeasured, naming the key, if the file lacks it
+                try:
+                    fidelity.lookup(results, key)  # raises NotMeasured, naming the key, if the file lacks it
+                except fidelity.NotMeasured as e:  # a planned arm not run yet is written as null; a missing key is not
+                    assert "is null" in str(e), e
 
 
 def test_dvi_against_kl_only_reads_the_reference_arm_when_it_was_run():

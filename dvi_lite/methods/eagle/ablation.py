@@ -25,6 +25,9 @@ from dvi_lite.core.checks import check_int
 
 BUILT_IN = {"full": "eagle", "static_tree": "eagle:tree=static"}  # arms of the committed head
 TRAINED = ("full_small", "no_ttt", "top_layer")  # arms that bring their own head file
+NEEDS = {name: f"a head trained by `eagle-train --max-tokens N --out DIR{flag}` on the same N tokens as the others, "
+                f"then --arm {name}=DIR/head.pt" for name, flag in
+         (("full_small", ""), ("no_ttt", " --ttt-steps 1"), ("top_layer", " --layers 30 30 30"))}
 KEEP = ("tau", "alpha", "speedup_vs_ar", "speedup_interval", "speedup_vs_ar_e2e", "speedup_interval_e2e",
         "decode_tokens_per_s", "c", "draft_depth_per_step", "predicted_speedup", "same_tokens_as_ar")
 
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prepare(model, tok, records, 1, args.max_new_tokens)
         methods = bench(model, tok, prompts, ["ar", *labels.values()], args.max_new_tokens, args.repeats)
         arms = {name: {"label": label, **{k: methods[label].get(k) for k in KEEP}} for name, label in labels.items()}
+        for name in TRAINED:  # an arm whose head is not trained yet stays in the file, null, saying what it needs
+            arms.setdefault(name, {"label": None, "tau": None, "not_run": NEEDS[name]})
         out = {"model": args.model, "dtype": args.dtype, "questions": n, "repeats": args.repeats,
                "max_new_tokens": args.max_new_tokens, "arms": arms, "ar": methods["ar"]}
         if args.json:
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     out = run_or_usage_error(ap, run)
-    print(json.dumps({name: {k: a[k] for k in ("tau", "speedup_vs_ar")} for name, a in out["arms"].items()}))
+    print(json.dumps({name: {k: a.get(k) for k in ("tau", "speedup_vs_ar")} for name, a in out["arms"].items()}))
     return 0
 
 
