@@ -50,6 +50,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eagle-train": ("dvi_lite.methods.eagle.train:main", "train the EAGLE head from the stored target outputs"),
     "eagle-budget": ("dvi_lite.methods.eagle.budget:main",
                      "choose EAGLE-2's tree budget N: tau per N and tau / (v(N + 1) + K c) with measured v and c"),
+    "eagle-static-tree": ("dvi_lite.methods.eagle.static_tree:main",
+                          "shape EAGLE's static tree (same nodes as the dynamic one) from the dynamic tree's accepted "
+                          "ranks"),
+    "eagle-ablation": ("dvi_lite.methods.eagle.ablation:main",
+                       "EAGLE's design claims on held-out questions: static vs dynamic tree, no TTT, top layer only"),
     "medusa-sizing": ("dvi_lite.methods.medusa.sizing:main",
                       "choose Medusa's heads and tree: tau from the heads' accuracies over v(N + 1) + H c, measured"),
     "dvi": ("dvi_lite.methods.dvi.cli:main", "train DVI's exit head online (the CPU and GPU entry point)"),

@@ -9,6 +9,7 @@ import torch
 from dvi_lite.measure.cost import (
     calibrate,
     forward_times,
+    interleaved_times,
     memory_bandwidth,
     predicted_speedup,
     v_of,
@@ -23,6 +24,26 @@ def test_calibration_on_a_tiny_model(target):
     assert all(math.isfinite(x) and x > 0 for x in v.values())
     t = forward_times(target, ns=(1, 3), context=0, repeats=2)
     assert set(t) == {1, 3} and all(x > 0 for x in t.values())
+
+
+def test_interleaved_times_rotates_and_resets():
+    """Every case is called once per round, the first case of a round moves by one, and reset follows each call;
+    the warm-up rounds are called but not kept."""
+    calls: list[str] = []
+    cases = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    out = interleaved_times(cases, repeats=3, device=torch.device("cpu"), reset=lambda: calls.append("|"), warmup=1)
+    assert {k: len(v) for k, v in out.items()} == {"a": 3, "b": 3, "c": 3}
+    assert "".join(calls).replace("|", "") == "abc" "bca" "cab" "abc"
+    assert calls[1::2] == ["|"] * 12
+
+
+def test_grad_mode_times_shape(target):
+    from dvi_lite.study.runtimes import grad_mode_times
+
+    out = grad_mode_times(target, context=8, repeats=2)
+    for row in out.values():
+        assert set(row) == {"no_grad_ms", "inference_mode_ms", "saved_ms", "context", "repeats"}
+        assert math.isfinite(row["saved_ms"])
 
 
 def test_calibration_leaves_no_trace(target):

@@ -79,7 +79,8 @@ def test_features_from_verification_equal_a_full_forward(target, tok, head, tree
 
 @pytest.mark.parametrize("tree, opts", [("chain", {"K": 4}), ("dynamic", {"K": 4}),
                                         ("dynamic", {"K": 3, "branch": 2, "max_nodes": 5}),
-                                        ("dynamic", {"K": 4, "branch": 2, "max_nodes": 4, "lookup": True})])
+                                        ("dynamic", {"K": 4, "branch": 2, "max_nodes": 4, "lookup": True}),
+                                        ("static", {"paths": [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]})])
 def test_greedy_equals_ar_on_tiny_models(target, tok, prompts, head, tree, opts):
     accepted = 0
     for p in prompts[:6]:
@@ -146,10 +147,10 @@ def test_dynamic_tree_is_a_reranked_tree(target, head):
 def test_options_are_checked_and_named(target, head):
     m = get_method("eagle")
     assert m.resolve() == {"head": None, "K": 5, "tree": "dynamic", "branch": None, "max_nodes": None,
-                           "lookup": False}
+                           "lookup": False, "paths": None}
     with pytest.raises(ValueError, match=r"lookup merges a prompt-lookup branch into the tree"):
         make_drafter(target, None, head=head, tree="chain", lookup=True)
-    with pytest.raises(ValueError, match=r"eagle option 'tree' must be one of \['chain', 'dynamic'\]"):
+    with pytest.raises(ValueError, match=r"eagle option 'tree' must be one of \['chain', 'dynamic', 'static'\]"):
         m.resolve(tree="beam")
     with pytest.raises(ValueError, match=r"eagle option 'max_nodes' .* must be an int >= 1"):
         m.resolve(max_nodes=0)
@@ -163,7 +164,7 @@ def test_options_are_checked_and_named(target, head):
         EagleHead(target, HeadConfig(layers=(1, 2, 4)))
     with pytest.raises(ValueError, match="head must be an EagleHead"):
         EagleDrafter(Runner.for_model(target), object())  # type: ignore[arg-type]
-    assert eagle_drafter.TREES == ("chain", "dynamic")
+    assert eagle_drafter.TREES == ("chain", "dynamic", "static")
 
 
 def test_save_and_load_round_trip(target, head, tmp_path, tok, prompts):
@@ -242,3 +243,104 @@ def test_a_trained_lm_head_is_stored_and_a_frozen_one_is_not(target, tmp_path):
     assert back.cfg.train_lm_head
     torch.testing.assert_close(back.lm_head.weight, trained.lm_head.weight.half().float())
 
+
+STATIC = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+
+
+def test_static_tree_is_its_rank_paths(target, tok, head):
+    """Whatever the head's scores, the proposal has exactly the fixed shape: node i is the rank-r_i child of its
+    parent, so the parents and depths follow the rank paths; and the accepted node's rank path is logged."""
+    d = make_drafter(target, None, head=head, tree="static", paths=list(reversed(STATIC)))
+    assert (d.K, d.branch, d.max_nodes) == (3, 3, 7)
+    for ctx in ([3, 17, 4, 22], [5, 5, 5, 9, 30]):
+        state = start(d.runner, d, ctx, 20, Sampler(), make_generator(0))
+        prop = d.propose(state)
+        assert d._ranks == STATIC  # shallow first, as listed
+        par = prop.parents.tolist()
+        assert par == [STATIC.index(q[:-1]) if len(q) > 1 else -1 for q in STATIC]
+        siblings = [prop.tokens[i] for i, q in enumerate(STATIC) if len(q) == 1]
+        assert len(set(int(t) for t in siblings)) == 3
+    out = dvi_lite.generate(target, tok, [3, 17, 4, 22], method="eagle", max_new_tokens=12, stop_at_eos=False,
+                            head=head, tree="static", paths=STATIC)
+    assert len(out.token_ids) == 12
+
+
+@pytest.mark.parametrize("paths, match", [([], "non-empty rank tuples"), ([(0,), (-1,)], "ranks >= 0"),
+                                          ([(0,), (1, 0)], r"\(1, 0\) has no \(1,\)"), ("ab", "rank tuples like")])
+def test_static_paths_are_checked(target, head, paths, match):
+    with pytest.raises(ValueError, match=match):
+        make_drafter(target, None, head=head, tree="static", paths=paths)
+
+
+def test_static_tree_options_are_named(target, head, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="paths .* go with tree='static'"):
+        make_drafter(target, None, head=head, tree="dynamic", paths=STATIC)
+    with pytest.raises(ValueError, match="branch and max_nodes apply to tree='dynamic' only"):
+        make_drafter(target, None, head=head, tree="static", paths=STATIC, max_nodes=4)
+    import dvi_lite.methods.eagle.head as head_mod
+
+    monkeypatch.setattr(head_mod, "artifacts_dir", lambda model: tmp_path)
+    with pytest.raises(ValueError, match="eagle-static-tree"):
+        make_drafter(target, None, head=head, tree="static")
+
+
+def test_rank_acceptance_and_the_shaped_tree():
+    """acc[d][r] counts the accepted node's rank at depth d over the steps that reached depth d."""
+    from dvi_lite.methods.eagle.static_tree import rank_acceptance
+    from dvi_lite.methods.medusa.trees import sparse_tree
+
+    acc = rank_acceptance([[0, 1], [0], [], [1, 0, 0], [0, 0]], K=3, branch=2)
+    assert acc[0] == [3 / 5, 1 / 5]  # every step tested depth 0
+    assert acc[1] == [2 / 4, 1 / 4]  # four steps accepted a depth-0 node
+    assert acc[2] == [1 / 3, 0.0]
+    assert sorted(sparse_tree(acc, 3)) == [(0,), (0, 0), (1,)]  # (1,) at 0.2 beats (0, 1) at 0.15
+
+
+def test_calibrate_shapes_a_static_tree_of_the_budget(target, tok, prompts, head):
+    from dvi_lite.methods.eagle.drafter import check_paths
+    from dvi_lite.methods.eagle.static_tree import calibrate
+
+    body = calibrate(target, tok, prompts[:3], max_new_tokens=12, K=3, branch=2, max_nodes=5, head=head)
+    assert len(body["paths"]) == 5 and body["steps"] > 0 and len(body["acc"]) == 3
+    assert check_paths(body["paths"]) == sorted(map(tuple, body["paths"]), key=lambda q: (len(q), q))
+
+
+@pytest.mark.slow
+def test_static_tree_command_on_the_course_model(tmp_path, capsys):
+    """The command writes the rank paths where asked; the course model's static tree is lossless greedy; bad input
+    and a committed file are refused by name."""
+    from dvi_lite.methods.eagle.static_tree import main
+
+    out = tmp_path / "static_tree.json"
+    assert main(["--model", "course", "--dtype", "float32", "--questions", "2", "--max-new-tokens", "16",
+                 "--max-nodes", "6", "--out", str(out)]) == 0
+    import json
+
+    body = json.loads(out.read_text())
+    assert len(body["paths"]) == 6 and body["provenance"]["command"].startswith("python -m dvi_lite eagle-static-tree")
+    model, tok = dvi_lite.load_model("course", dtype="float32")
+    ref = dvi_lite.generate(model, tok, "def fibonacci(n):", method="ar", max_new_tokens=24).token_ids
+    got = dvi_lite.generate(model, tok, "def fibonacci(n):", method="eagle", max_new_tokens=24, tree="static",
+                            paths=[tuple(q) for q in body["paths"]]).token_ids
+    assert got == ref
+    with pytest.raises(SystemExit):
+        main(["--model", "course", "--questions", "0", "--out", str(out)])
+    assert "questions" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "course", "--out", "data/eagle/head.pt"])
+    assert "--force" in capsys.readouterr().err
+
+
+def test_ablation_arms_are_named_and_checked(tmp_path):
+    from dvi_lite.methods.eagle.ablation import arm_labels, parse_arms
+
+    head_file = tmp_path / "head.pt"
+    head_file.write_bytes(b"")
+    labels = arm_labels(parse_arms([f"no_ttt={head_file}"]))
+    assert labels == {"full": "eagle", "static_tree": "eagle:tree=static", "no_ttt": f"eagle:head={head_file}"}
+    with pytest.raises(ValueError, match="NAME=HEAD_FILE"):
+        parse_arms(["no_ttt"])
+    with pytest.raises(ValueError, match="a trained arm is one of full_small, no_ttt, top_layer"):
+        arm_labels({"wide": str(head_file)})
+    with pytest.raises(ValueError, match="give an existing head file"):
+        arm_labels({"no_ttt": str(tmp_path / "missing.pt")})

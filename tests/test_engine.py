@@ -254,6 +254,18 @@ def test_stats_aggregates_hand_example():
     assert Stats().tau is None and Stats().alpha is None and Stats().position_acceptance() == []
 
 
+
+def test_stats_pool_weighs_steps_not_answers():
+    """Pooling two answers adds their steps, tokens and times: tau is over all steps, not a mean of two taus."""
+    a = Stats(prompt_tokens=3, new_tokens=4, total_s=1.0, prefill_s=0.5,
+              steps=[StepStats(3, 3, 3, 0.1, 0.2, 0.0)])  # one step, tau 4
+    b = Stats(prompt_tokens=2, new_tokens=3, total_s=2.0, prefill_s=0.25,
+              steps=[StepStats(3, 3, 0, 0.1, 0.2, 0.0)] * 3)  # three steps, tau 1
+    p = Stats.pool([a, b])
+    assert (p.prompt_tokens, p.new_tokens, p.total_s, p.prefill_s, len(p.steps)) == (5, 7, 3.0, 0.75, 4)
+    assert p.tau == (4 + 1 + 1 + 1) / 4 and p.alpha == 3 / 6
+    assert len(a.steps) == 1 and Stats.pool([]).tau is None  # the inputs are left as they were
+
 def test_registry_lists_the_methods():
     assert {"ar", "hf", "hf_assisted", "sps"} <= set(METHODS)
 

@@ -13,8 +13,8 @@ Kept separate, as in transformers' CandidateGenerator: drafting (drafters), veri
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -133,6 +133,19 @@ class Stats:
     prefill_s: float = 0.0
     total_s: float = 0.0
     steps: list[StepStats] = field(default_factory=list)
+
+    @classmethod
+    def pool(cls, many: Iterable[Stats]) -> Stats:
+        """One record over several generations: steps, tokens and times added, so tau, alpha and tokens/s come
+        out pooled (every step and second weighs the same), not as a mean of per-answer ratios."""
+        out = cls()
+        for s in many:
+            out.prompt_tokens += s.prompt_tokens
+            out.new_tokens += s.new_tokens
+            out.prefill_s += s.prefill_s
+            out.total_s += s.total_s
+            out.steps += s.steps
+        return out
 
     @property
     def tau(self) -> float | None:

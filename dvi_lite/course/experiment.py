@@ -10,7 +10,7 @@ in easy runs, above).
 """
 from __future__ import annotations
 
-from dvi_lite.core.engine import acceptance_rate
+from dvi_lite.core.engine import Stats
 from dvi_lite.core.generate import generate
 from dvi_lite.measure.cost import expected_tau
 
@@ -18,14 +18,11 @@ from dvi_lite.measure.cost import expected_tau
 def run_at(model, tok, prompts: list, method: str, max_new_tokens: int, **options) -> dict:
     """τ and α pooled over every step of greedy answers to `prompts` (records with "prompt", or prompts) for one
     configuration of `method`: {"tau", "alpha", "steps"}."""
-    log: list[tuple[int, int]] = []
-    for p in prompts:
-        r = generate(model, tok, p["prompt"] if isinstance(p, dict) else p, method=method,
-                     max_new_tokens=max_new_tokens, **options)
-        log += [(s.depth, s.accepted) for s in r.stats.steps]
-    if not log:
+    pooled = Stats.pool(generate(model, tok, p["prompt"] if isinstance(p, dict) else p, method=method,
+                                 max_new_tokens=max_new_tokens, **options).stats for p in prompts)
+    if not pooled.steps:
         raise ValueError("no decoding step ran: give prompts and max_new_tokens >= 2")
-    return {"tau": sum(a + 1 for _, a in log) / len(log), "alpha": acceptance_rate(log), "steps": len(log)}
+    return {"tau": pooled.tau, "alpha": pooled.alpha, "steps": len(pooled.steps)}
 
 
 def predict(alpha: float, ks: list[int]) -> dict[int, float]:

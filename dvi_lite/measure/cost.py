@@ -59,16 +59,29 @@ def forward_times(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: 
     if context:
         runner.forward(torch.randint(0, vocab, (1, context), generator=gen).to(dev), cache)
     inputs = {n: torch.randint(0, vocab, (1, n), generator=gen).to(dev) for n in ns}  # (1, n) each
-    times: dict[int, list[float]] = {n: [] for n in ns}
-    for r in range(repeats + 1):  # round 0 is the warm-up
-        for n in ns[r % len(ns):] + ns[: r % len(ns)]:
-            t0 = _now(dev)
-            runner.forward(inputs[n], cache)
-            t1 = _now(dev)
-            cache.crop(context)
-            if r:
-                times[n].append(t1 - t0)
+    cases = {n: (lambda x=inputs[n]: runner.forward(x, cache)) for n in ns}
+    times = interleaved_times(cases, repeats, dev, reset=lambda: cache.crop(context))
     return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def interleaved_times(cases: Mapping, repeats: int, device: torch.device, reset: Callable[[], object] = lambda: None,
+                      warmup: int = 1) -> dict:
+    """{case: [seconds of each timed call]} for `cases` = {name: zero-argument call}.
+
+    `warmup` untimed rounds, then `repeats` timed ones; each round calls every case once, in an order rotated by
+    one per round, so a slow spell of the machine (another process, a frequency change) hits every case alike.
+    `reset` runs after every call, untimed (e.g. crop a KV cache back, so every call sees the same state)."""
+    names = list(cases)
+    times: dict = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = _now(device)
+            cases[name]()
+            t1 = _now(device)
+            reset()
+            if r >= warmup:
+                times[name].append(t1 - t0)
+    return times
 
 
 def verify_cost(model, ns: tuple[int, ...] = NS, context: int = 200, repeats: int = 7,

@@ -119,8 +119,6 @@ def grad_mode_times(model, context: int = 340, repeats: int = 40) -> dict[str, d
     """{runtime: median ms of one decoding forward (1 token at `context` cached positions) under torch.no_grad and
     under torch.inference_mode}, the two interleaved. Why the decode loop runs in inference mode
     (core.engine.grad_free): the same products, less bookkeeping per op, and a forward here is hundreds of ops."""
-    import time
-
     modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
     out = {}
     for rt in RUNTIMES:
@@ -129,17 +127,14 @@ def grad_mode_times(model, context: int = 340, repeats: int = 40) -> dict[str, d
             g = torch.Generator().manual_seed(0)
             cache = r.new_cache(context + 1)
             r.forward(torch.randint(0, vocab, (1, context), generator=g).to(r.device), cache)
-            x = torch.randint(0, vocab, (1, 1), generator=g).to(r.device)
-            times: dict[str, list[float]] = {m: [] for m in modes}
-            for i in range(repeats + 2):  # two warm-up rounds; the order alternates so drift hits both alike
-                for m in (list(modes) if i % 2 else list(modes)[::-1]):
-                    with modes[m]():
-                        t0 = time.perf_counter()
-                        r.forward(x, cache)
-                        dt = time.perf_counter() - t0
-                    cache.crop(context)
-                    if i >= 2:
-                        times[m].append(dt)
+            x = torch.randint(0, vocab, (1, 1), generator=g).to(r.device)  # (1, 1)
+
+            def under(mode, r=r, cache=cache, x=x):
+                with modes[mode]():
+                    r.forward(x, cache)
+
+            cases = {m: (lambda m=m: under(m)) for m in modes}
+            times = cost.interleaved_times(cases, repeats, r.device, reset=lambda c=cache: c.crop(context), warmup=2)
         ms = {m: 1e3 * statistics.median(ts) for m, ts in times.items()}
         out[rt] = {**{f"{m}_ms": v for m, v in ms.items()}, "saved_ms": ms["no_grad"] - ms["inference_mode"],
                    "context": context, "repeats": repeats}

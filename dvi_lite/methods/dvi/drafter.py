@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dvi_lite.core.checks import check_split, reject_renamed
-from dvi_lite.core.engine import DecodeState, Outcome, acceptance_rate
+from dvi_lite.core.engine import DecodeState, Outcome, Stats
 from dvi_lite.core.generate import generate
 from dvi_lite.core.runner import Runner
 from dvi_lite.methods.dvi.merged import MergedExit
@@ -133,14 +133,10 @@ def evaluate(model, tokenizer, prompts: Sequence[Any], state: str | Path | DVIPo
     prompts: str, token ids or chat messages (generate's prompts); vocab: the drafter's (trainer.vocab).
     """
     reject_renamed(old, "dvi.evaluate")
-    steps, new, secs = [], 0, 0.0
-    for i, p in enumerate(prompts):
-        out = generate(model, tokenizer, p if isinstance(p, str) else list(p), method="dvi", state=state,
-                       max_new_tokens=max_new_tokens, K=K, threshold=threshold, temperature=temperature, seed=i,
-                       **({} if vocab is None else {"vocab": vocab}))
-        steps += out.stats.steps
-        new += out.stats.new_tokens
-        secs += out.stats.total_s
-    return {"tau": sum(s.accepted + 1 for s in steps) / len(steps) if steps else None,
-            "alpha": acceptance_rate([(s.depth, s.accepted) for s in steps]),
-            "tokens_per_s": new / secs if secs > 0 else None, "prompts": len(prompts), "new_tokens": new}
+    stats = Stats.pool(
+        generate(model, tokenizer, p if isinstance(p, str) else list(p), method="dvi", state=state,
+                 max_new_tokens=max_new_tokens, K=K, threshold=threshold, temperature=temperature, seed=i,
+                 **({} if vocab is None else {"vocab": vocab})).stats
+        for i, p in enumerate(prompts))
+    return {"tau": stats.tau, "alpha": stats.alpha, "tokens_per_s": stats.tokens_per_s or None,
+            "prompts": len(prompts), "new_tokens": stats.new_tokens}

@@ -22,6 +22,12 @@ set is closed under ancestors: a tree. Its candidates are deterministic given th
 are verified as point masses (q = None): the shared tree verifier's recursive rejection, child after child with the
 residual, keeps the output law exactly the target's.
 
+Static tree (tree="static", EAGLE-1's kind): a fixed set of rank paths, e.g. (0, 1) = "the second-best child of
+the best root token", expanded the same way at every step whatever the head's confidence. Its shape is the one
+that maximises the expected accepted length under per-depth, per-rank acceptance measured from the dynamic tree's
+own accepted paths (static_tree.py, the same best-first rule as Medusa's sparse tree), so the two trees differ
+only in whether the shape follows this step's scores: EAGLE-2's claim, ablated.
+
 Prompt-lookup branch (lookup=True, dynamic tree only): the tokens that followed the last earlier match of the
 context's suffix (methods/pld.py) are merged into the same tree: the copy follows the tree's nodes while their
 tokens agree and continues as a chain of new nodes where it leaves them. Siblings stay distinct tokens, every
@@ -30,6 +36,7 @@ to K more nodes in the verify forward.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,11 +45,12 @@ from dvi_lite.core.checks import check_choice, check_int, reject_renamed
 from dvi_lite.core.engine import DecodeState, Drafter, Outcome, Proposal
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner, chain_mask
-from dvi_lite.methods.eagle.head import EagleHead, load_head
+from dvi_lite.methods.eagle.head import EagleHead, load_head, load_static_paths
 from dvi_lite.methods.pld import PromptLookupDrafter
 from dvi_lite.models.artifacts import fingerprint
 
-TREES = ("chain", "dynamic")
+TREES = ("chain", "dynamic", "static")
+RankPath = tuple[int, ...]  # a node by the ranks of the tokens on its path: (0, 1) = best root, its second child
 DEFAULT_BRANCH = 4  # children per expanded node, and nodes expanded per depth (EAGLE-2's top-k)
 DEFAULT_MAX_NODES = 24  # nodes verified (EAGLE-2's total tokens; the cost model's v(N) picks it per machine)
 
@@ -53,7 +61,8 @@ class EagleDrafter(Drafter):
     name = "eagle"
 
     def __init__(self, runner: Runner, head: EagleHead, K: int = 5, tree: str = "dynamic",
-                 branch: int | None = None, max_nodes: int | None = None, lookup: bool = False):
+                 branch: int | None = None, max_nodes: int | None = None, lookup: bool = False,
+                 paths: Sequence[RankPath] | None = None):
         if not isinstance(head, EagleHead):
             raise ValueError(f"head must be an EagleHead, a path or None, got {type(head).__name__}")
         if head.model_fingerprint != fingerprint(runner.model):
@@ -62,20 +71,28 @@ class EagleDrafter(Drafter):
         self.runner, self.head = runner, head
         self.K = check_int("K (draft tokens per step; a tree's depth)", K, 1)
         self.tree = check_choice("tree", tree, TREES)
-        if self.tree == "chain" and (branch is not None or max_nodes is not None):
-            raise ValueError("branch and max_nodes apply to tree='dynamic' only (tree='chain' drafts K tokens)")
+        if self.tree != "dynamic" and (branch is not None or max_nodes is not None):
+            raise ValueError(f"branch and max_nodes apply to tree='dynamic' only (tree={self.tree!r} is "
+                             "K tokens in a chain, or the static tree's rank paths)")
+        if (paths is not None) != (self.tree == "static"):
+            raise ValueError("paths (the rank paths of a fixed tree) go with tree='static', and it needs them")
+        self.paths = check_paths(paths) if paths is not None else None
+        if self.paths is not None:  # the static tree fixes its depth, node count and widest rank
+            self.K = max(len(q) for q in self.paths)
+            branch, max_nodes = 1 + max(r for q in self.paths for r in q), len(self.paths)
         self.branch = check_int("branch (children per expanded node)", DEFAULT_BRANCH if branch is None else branch, 1)
         self.max_nodes = check_int("max_nodes (nodes verified)",
                                    DEFAULT_MAX_NODES if max_nodes is None else max_nodes, 1)
         if not isinstance(lookup, bool):
             raise ValueError(f"lookup must be True or False, got {lookup!r}")
-        if lookup and self.tree == "chain":
+        if lookup and self.tree != "dynamic":
             raise ValueError("lookup merges a prompt-lookup branch into the tree: use it with tree='dynamic'")
         self.lookup = PromptLookupDrafter(self.K, max_ngram=3) if lookup else None
         # the target cache room of one proposal: the tree, and the copy's new nodes
         self.max_draft = self.K if self.tree == "chain" else self.max_nodes + (self.K if lookup else 0)
         self.capture_layers = tuple(sorted(set(head.layers)))
-        self.log: list[dict] = []
+        self.log: list[dict] = []  # per step: nodes drafted, accepted count, and the accepted node's rank path
+        self._ranks: list[RankPath] = []  # the last proposal's nodes, by rank path
 
     def extra_params(self) -> int:
         return self.head.extra_params()
@@ -83,7 +100,8 @@ class EagleDrafter(Drafter):
     # ------------------------------------------------------------------ the head's cache and unseen inputs
 
     def prefill(self, state: DecodeState, prompt: torch.Tensor) -> None:
-        room = self.K * max(self.branch, 1) + 2  # draft positions a proposal appends before feedback crops them
+        # draft positions a proposal appends before feedback crops them: the expanded nodes
+        room = (len(self.paths) if self.paths is not None else self.K * max(self.branch, 1)) + 2
         self.cache = KVCache.for_model(self.runner.model, state.cache.max_len + room, n_layers=1)
         self.todo_f = [self._fused(state.prefill_hidden)]  # (1, T, D): F_0 .. F_{T-1}
         self.todo_t = prompt[0, 1:].tolist() + [state.pending]  # x_1 .. x_T (x_T = pending)
@@ -118,7 +136,7 @@ class EagleDrafter(Drafter):
         g, logits = self._feed()
         if self.tree == "chain":
             return self._chain(state, g, logits, depth)
-        prop = self._dynamic_tree(g, logits, depth, dev)
+        prop = self._tree(g, logits, depth, dev)
         return prop if self.lookup is None else self._merge_copy(prop, self.lookup.lookup(state.tokens, depth))
 
     @staticmethod
@@ -160,29 +178,42 @@ class EagleDrafter(Drafter):
         return Proposal(torch.tensor(tokens, device=dev), None if greedy else torch.stack(qs),
                         capture=self.capture_layers)
 
-    def _dynamic_tree(self, g: torch.Tensor, logits: torch.Tensor, depth: int, dev) -> Proposal:
-        """EAGLE-2: expand the best frontier nodes by cumulative log-probability, rerank, keep max_nodes."""
+    def _tree(self, g: torch.Tensor, logits: torch.Tensor, depth: int, dev) -> Proposal:
+        """EAGLE-2 (dynamic): expand the best frontier nodes by cumulative log-probability, rerank, keep max_nodes.
+        Static: expand and keep exactly the nodes whose rank path is in `paths`."""
         head, b = self.head, self.branch
         tok: list[int] = []  # per candidate: vocabulary id
         par: list[int] = []  # parent candidate (-1: child of the pending token)
         score: list[float] = []  # cumulative draft log-probability of the path
         dep: list[int] = []
+        rank: list[RankPath] = []  # the ranks of the tokens on its path
+        fixed = None if self.paths is None else set(self.paths)
+        inner = None if fixed is None else {q[:-1] for q in fixed}  # rank paths with a child in the tree
         out_g: dict[int, torch.Tensor] = {}  # expanded candidate -> its output (1, 1, D): its children's feature
         slot: dict[int, int] = {}  # expanded candidate -> its index in the head's cache
 
         def add_children(parent: int, lg: torch.Tensor, base_score: float, d: int) -> list[int]:
             lp = lg.float().log_softmax(-1)  # (N,), T = 1: the draft's own confidence ranks the tree
             vals, idx = lp.topk(min(b, lp.numel()))
+            above = rank[parent] if parent >= 0 else ()
             start = len(tok)
-            tok.extend(head.ids[idx].tolist())  # one conversion for all b children
-            score.extend(base_score + v for v in vals.tolist())
-            par.extend([parent] * len(idx))
-            dep.extend([d] * len(idx))
+            for r, (t, v) in enumerate(zip(head.ids[idx].tolist(), vals.tolist(), strict=True)):
+                if fixed is None or above + (r,) in fixed:
+                    tok.append(t)
+                    score.append(base_score + v)
+                    par.append(parent)
+                    dep.append(d)
+                    rank.append(above + (r,))
             return list(range(start, len(tok)))
 
         frontier = add_children(-1, logits, 0.0, 0)
         for d in range(1, depth):
-            grow = sorted(frontier, key=lambda i: -score[i])[:b]  # the best b frontier nodes are expanded
+            if fixed is None:
+                grow = sorted(frontier, key=lambda i: -score[i])[:b]  # the best b frontier nodes are expanded
+            else:
+                grow = [i for i in frontier if rank[i] in inner]  # the fixed shape's inner nodes
+            if not grow:
+                break
             past = len(self.cache)
             feat = torch.cat([g if par[i] < 0 else out_g[par[i]] for i in grow], 1)  # (1, m, D)
             ids = torch.tensor([[tok[i] for i in grow]], device=dev)  # (1, m)
@@ -207,6 +238,7 @@ class EagleDrafter(Drafter):
         # rerank every candidate; ties: shallower first, so a prefix of this order always holds its ancestors
         keep = sorted(range(len(tok)), key=lambda i: (-score[i], dep[i], i))[: self.max_nodes]
         keep.sort(key=lambda i: (dep[i], i))  # parents before children
+        self._ranks = [rank[c] for c in keep]
         where = {c: j for j, c in enumerate(keep)}
         parents = torch.tensor([where[par[c]] if par[c] >= 0 else -1 for c in keep], device=dev)
         tokens = torch.tensor([tok[c] for c in keep], device=dev)
@@ -220,16 +252,37 @@ class EagleDrafter(Drafter):
         self.todo_f.append(self._fused(outcome.features))  # (1, n+1, D): F at the pending token + accepted path
         toks = prop.tokens.tolist()
         self.todo_t += [toks[i] for i in outcome.path] + [outcome.next_token]
-        self.log.append({"drafted": len(prop), "accepted": outcome.n_accepted})
+        on_tree = prop.parents is not None and bool(outcome.path) and outcome.path[-1] < len(self._ranks)
+        self.log.append({"drafted": len(prop), "accepted": outcome.n_accepted,
+                         "ranks": list(self._ranks[outcome.path[-1]]) if on_tree else []})
+
+
+def check_paths(paths) -> list[RankPath]:
+    """A static tree's rank paths, checked: non-empty tuples of ranks >= 0, no repeats, closed under prefixes
+    (every node's parent is in the tree), listed in any order; returned shallow first."""
+    try:
+        out = sorted({tuple(int(r) for r in q) for q in paths}, key=lambda q: (len(q), q))
+    except (TypeError, ValueError):
+        raise ValueError(f"paths must be a list of rank tuples like [(0,), (1,), (0, 0)], got {paths!r}") from None
+    if not out or any(not q or min(q) < 0 for q in out):
+        raise ValueError(f"paths must be non-empty rank tuples with ranks >= 0, got {paths!r}")
+    have = set(out)
+    orphans = [q for q in out if len(q) > 1 and q[:-1] not in have]
+    if orphans:
+        raise ValueError(f"paths must hold every node's parent: {orphans[0]} has no {orphans[0][:-1]}")
+    return out
 
 
 def make_drafter(model, tokenizer, head=None, K: int = 5, tree: str = "dynamic", branch: int | None = None,
-                 max_nodes: int | None = None, lookup: bool = False, **old) -> EagleDrafter:
+                 max_nodes: int | None = None, lookup: bool = False, paths: Sequence[RankPath] | None = None,
+                 **old) -> EagleDrafter:
     """EAGLE: a head (None: this model's committed head; or an EagleHead or its file) drafts from the target's fused
     features: tree='chain' (K tokens) or 'dynamic' (EAGLE-2: depth K, `branch` expanded per depth and children per
-    node, the best `max_nodes` verified; lookup: a prompt-lookup copy merged into the tree). Lossless under greedy
-    and sampling."""
+    node, the best `max_nodes` verified; lookup: a prompt-lookup copy merged into the tree) or 'static' (the fixed
+    rank `paths`; None: the shape measured for this head, static_tree.py). Lossless under greedy and sampling."""
     reject_renamed(old, "eagle.make_drafter")
     if head is None or isinstance(head, (str, Path)):
         head = load_head(model, head)
-    return EagleDrafter(Runner.for_model(model), head, K, tree, branch, max_nodes, lookup)
+    if tree == "static" and paths is None:
+        paths = load_static_paths(model)
+    return EagleDrafter(Runner.for_model(model), head, K, tree, branch, max_nodes, lookup, paths)

@@ -173,6 +173,22 @@ def head_path(model) -> Path:
     return artifacts_dir(model) / "eagle" / "head.pt"
 
 
+def static_tree_path(model) -> Path:
+    """The rank paths of this model's static tree, beside its head (methods/eagle/static_tree.py)."""
+    return artifacts_dir(model) / "eagle" / "static_tree.json"
+
+
+def load_static_paths(model) -> list[tuple[int, ...]]:
+    """This model's static tree, as rank paths; a clear error naming the command that measures it."""
+    import json
+
+    path = static_tree_path(model)
+    if not path.is_file():
+        raise ValueError(f"tree='static' needs this model's static tree ({path} is missing): measure it with "
+                         "`python -m dvi_lite eagle-static-tree`, or pass paths=[(0,), (1,), (0, 0), ...]")
+    return [tuple(q) for q in json.loads(path.read_text())["paths"]]
+
+
 def save_head(head: EagleHead, path: str | Path) -> Path:
     """The head in half precision (what is committed), with its config and the target's fingerprint; atomic and
     deflated (models.artifacts.save_piece)."""
