@@ -71,14 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.measure.timing import bench
         from dvi_lite.models import specbench
         from dvi_lite.models.loading import load_model
-        from dvi_lite.study.bench import prepare
-
         labels = arm_labels(parse_arms(args.arm))
         n = check_int("questions", args.questions, 1, specbench.EVAL_QUESTIONS)
         check_int("repeats", args.repeats, 1)
         model, tok = load_model(args.model, dtype=args.dtype)
-        records = specbench.spread(specbench.read_prompts(specbench.SPEC_BENCH_DEV), n)
-        prompts = prepare(model, tok, records, 1, args.max_new_tokens)
+        prompts = specbench.spread(specbench.read_prompts(specbench.SPEC_BENCH_DEV), n)  # first turns, as chat
         methods = bench(model, tok, prompts, ["ar", *labels.values()], args.max_new_tokens, args.repeats)
         arms = {name: {"label": label, **{k: methods[label].get(k) for k in KEEP}} for name, label in labels.items()}
         for name in TRAINED:  # an arm whose head is not trained yet stays in the file, null, saying what it needs

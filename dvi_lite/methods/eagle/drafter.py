@@ -136,7 +136,7 @@ class EagleDrafter(Drafter):
         g, logits = self._feed()
         if self.tree == "chain":
             return self._chain(state, g, logits, depth)
-        prop = self._tree(g, logits, depth, dev)
+        prop = self._dynamic_tree(g, logits, depth, dev)
         return prop if self.lookup is None else self._merge_copy(prop, self.lookup.lookup(state.tokens, depth))
 
     @staticmethod
@@ -178,9 +178,9 @@ class EagleDrafter(Drafter):
         return Proposal(torch.tensor(tokens, device=dev), None if greedy else torch.stack(qs),
                         capture=self.capture_layers)
 
-    def _tree(self, g: torch.Tensor, logits: torch.Tensor, depth: int, dev) -> Proposal:
-        """EAGLE-2 (dynamic): expand the best frontier nodes by cumulative log-probability, rerank, keep max_nodes.
-        Static: expand and keep exactly the nodes whose rank path is in `paths`."""
+    def _dynamic_tree(self, g: torch.Tensor, logits: torch.Tensor, depth: int, dev) -> Proposal:
+        """EAGLE-2: expand the best frontier nodes by cumulative log-probability, rerank, keep max_nodes. (A static
+        tree, `paths` set, takes the same steps with a fixed choice: the nodes whose rank path is in `paths`.)"""
         head, b = self.head, self.branch
         tok: list[int] = []  # per candidate: vocabulary id
         par: list[int] = []  # parent candidate (-1: child of the pending token)

@@ -82,13 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         from dvi_lite.models.loading import load_model
         from dvi_lite.paths import atomic_write_text
         from dvi_lite.safety import check_output
-        from dvi_lite.study.bench import prepare
-
         n = check_int("questions", args.questions, 1)
         model, tok = load_model(args.model, dtype=args.dtype)
         out = check_output(args.out or static_tree_path(model), force=args.force)
         records = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))[:n]
-        prompts = [r["prompt"] for r in prepare(model, tok, records, 1, args.max_new_tokens)]
+        prompts = [r["prompt"] for r in records]  # the first turn, as chat messages
         body = calibrate(model, tok, prompts, args.max_new_tokens, args.K, max_nodes=args.max_nodes)
         body = {"what": "EAGLE static tree: rank paths shaped from the dynamic tree's accepted ranks",
                 "data": {"source": "Spec-Bench dev training questions (models.specbench.training_questions)",
