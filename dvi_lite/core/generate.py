@@ -56,6 +56,11 @@ def utf8(text: str, what: str) -> str:
     return text
 
 
+def has_chat_template(tokenizer) -> bool:
+    """Whether chat messages can be given to this tokenizer (SmolLM2's has a template; the course model's has none)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     """The token ids a prompt stands for: the one place that turns prompts into ids (generate, the bench).
 

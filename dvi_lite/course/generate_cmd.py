@@ -34,11 +34,10 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out=None) -> str:
     """Load, generate once, and return what to print."""
-    from dvi_lite.core.generate import generate
+    from dvi_lite.core.generate import generate, has_chat_template
     from dvi_lite.course.token_view import ansi, summary
     from dvi_lite.measure.timing import check_method, parse_spec
     from dvi_lite.models.loading import load_model
-    from dvi_lite.study.bench import has_chat_template
 
     name, opts = parse_spec(args.method)
     check_method(name, "--method")

@@ -127,6 +127,12 @@ def training_questions(records: list[dict], held: int = EVAL_QUESTIONS) -> list[
     return spread([r for r in records if id(r) not in measured], len(records))
 
 
+def first_turns(records: list[dict], chat: bool) -> list[dict]:
+    """Records asked on their first turn: the user message (chat) or, for a tokenizer without a chat template, the
+    turn as a raw string."""
+    return [{**r, "prompt": r["prompt"] if chat else r["turns"][0], "turn": 1} for r in records]
+
+
 def second_turn(record: dict, first_answer: str) -> list[dict]:
     """The conversation for Spec-Bench's second turn: the first question, the model's own first answer,
     then the second question (the model answers it next)."""

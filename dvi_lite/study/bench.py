@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dvi_lite.commands import add_force, check_outputs, command_line, prog
 from dvi_lite.core.checks import add_renamed_flags
-from dvi_lite.core.generate import generate
+from dvi_lite.core.generate import generate, has_chat_template
 from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.registry import METHODS
 from dvi_lite.measure import cost
@@ -62,10 +62,6 @@ def format_table(results: dict) -> str:
             lines.append(f"{m:<{w}}" + "".join(f"{f(r['groups'].get(g, {}).get('speedup_vs_ar')):>{gw}}"
                                                for g in groups))
     return "\n".join(lines)
-
-
-def has_chat_template(tok) -> bool:
-    return bool(getattr(tok, "chat_template", None))
 
 
 def prepare(model, tok, records: list[dict], turns: int, max_new_tokens: int) -> list[dict]:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from dvi_lite.commands import add_force, check_outputs, command_line, prog
-from dvi_lite.core.generate import generate, prompt_ids
+from dvi_lite.core.generate import generate, has_chat_template, prompt_ids
 from dvi_lite.core.lean import RUNTIMES, serving, use_runtime
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure import cost
@@ -34,7 +34,7 @@ from dvi_lite.models import specbench
 from dvi_lite.models.artifacts import model_facts
 from dvi_lite.models.loading import load_model
 from dvi_lite.paths import atomic_write_text
-from dvi_lite.study.bench import has_chat_template, prepare, streaming
+from dvi_lite.study.bench import prepare, streaming
 
 NS = (1, 2, 3, 5, 9, 17, 33)
 

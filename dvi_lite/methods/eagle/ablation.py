@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     check_outputs(ap, (args.json, "file", "--json"))
 
     def run() -> dict:
+        from dvi_lite.core.generate import has_chat_template
         from dvi_lite.measure.provenance import write_result
         from dvi_lite.measure.timing import bench
         from dvi_lite.models import specbench
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         n = check_int("questions", args.questions, 1, specbench.EVAL_QUESTIONS)
         check_int("repeats", args.repeats, 1)
         model, tok = load_model(args.model, dtype=args.dtype)
-        prompts = specbench.spread(specbench.read_prompts(specbench.SPEC_BENCH_DEV), n)  # first turns, as chat
+        records = specbench.spread(specbench.read_prompts(specbench.SPEC_BENCH_DEV), n)
+        prompts = specbench.first_turns(records, has_chat_template(tok))
         methods = bench(model, tok, prompts, ["ar", *labels.values()], args.max_new_tokens, args.repeats)
         arms = {name: {"label": label, **{k: methods[label].get(k) for k in KEEP}} for name, label in labels.items()}
         for name in TRAINED:  # an arm whose head is not trained yet stays in the file, null, saying what it needs

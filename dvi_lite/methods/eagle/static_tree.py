@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run() -> dict:
+        from dvi_lite.core.generate import has_chat_template
         from dvi_lite.measure.provenance import provenance
         from dvi_lite.models import specbench
         from dvi_lite.models.loading import load_model
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         model, tok = load_model(args.model, dtype=args.dtype)
         out = check_output(args.out or static_tree_path(model), force=args.force)
         records = specbench.training_questions(specbench.read_prompts(specbench.SPEC_BENCH_DEV))[:n]
-        prompts = [r["prompt"] for r in records]  # the first turn, as chat messages
+        prompts = [r["prompt"] for r in specbench.first_turns(records, has_chat_template(tok))]
         body = calibrate(model, tok, prompts, args.max_new_tokens, args.K, max_nodes=args.max_nodes)
         body = {"what": "EAGLE static tree: rank paths shaped from the dynamic tree's accepted ranks",
                 "data": {"source": "Spec-Bench dev training questions (models.specbench.training_questions)",
