@@ -121,3 +121,30 @@ def test_smollm2_pieces_are_committed_in_data(monkeypatch):
     assert artifacts.artifacts_dir(M()) == artifacts.DATA_DIR / "smollm2"
     monkeypatch.setattr(artifacts, "fingerprint", lambda m: "0123456789abcdef")
     assert artifacts.artifacts_dir(M()) == artifacts.MODELS_DIR / "0123456789abcdef"
+
+
+def test_states_are_kept_per_layer_for_the_next_command(course, tmp_path, monkeypatch):
+    """fill_states(cache=True): a second command on the same rows reads the states back (no forward), and asking
+    for one more layer computes only that one; the cached states equal a fresh pass."""
+    from dvi_lite.models import teacher
+    from dvi_lite.models.teacher import fill_states
+
+    model, tok = course
+    monkeypatch.setattr(teacher, "BUILD_DIR", tmp_path)
+    rows = [tok("The cat sat on the mat")["input_ids"], tok("def f(x):")["input_ids"]]
+    bare = lambda: teacher_outputs(model, rows, TeacherConfig(layers=(1,), top_k=1))  # noqa: E731
+    first = fill_states(model, bare(), (2,), cache=True)
+    assert len(list((tmp_path / "cache").glob("states_L2_*.pt"))) == 1
+    data = bare()  # (the teacher pass that makes the rows shows a bar of its own)
+    with monkeypatch.context() as m:
+        m.setattr(teacher, "tqdm", lambda *a, **k: pytest.fail("the states pass ran again"))
+        again = fill_states(model, data, (2,), cache=True)
+    assert torch.equal(again.states[2], first.states[2])
+    seen, data = [], bare()
+    with monkeypatch.context() as m:
+        m.setattr(teacher, "tqdm", lambda it, desc="", **k: seen.append(desc) or it)
+        both = fill_states(model, data, (2, 3), cache=True)
+    assert seen == ["states after layers [3]"]
+    fresh = fill_states(model, bare(), (2, 3))
+    assert torch.equal(both.states[2], fresh.states[2]) and torch.equal(both.states[3], fresh.states[3])
+

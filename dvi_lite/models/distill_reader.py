@@ -138,7 +138,7 @@ def load_distill(model, folder: str | Path, split: str = "train", layers: tuple[
 
     n_layers = model.config.num_hidden_layers
     data = fill_states(model, record_as_teacher(folder, split, width, max_tokens),
-                       tuple(layers) + ((n_layers,) if final else ()))
+                       tuple(layers) + ((n_layers,) if final else ()), cache=True)  # recipes' arms share the pass
     if final:
         data.final = data.states.pop(n_layers)
     return data

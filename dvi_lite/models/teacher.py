@@ -153,20 +153,29 @@ def teacher_outputs(model, rows: list[list[int]], cfg: TeacherConfig) -> Teacher
 
 
 @torch.no_grad()
-def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: int = 16) -> TeacherData:
+def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: int = 16,
+                cache: bool = False) -> TeacherData:
     """Add the states after `layers` to `data` (hard-label data from the token record has none): a forward through
     the first max(layers) layers only, so an exit layer k costs k / n_layers of a full forward (k = n_layers: the
     last layer's pre-norm state, a full forward). Rows are right-padded, and attention is causal, so a row's
-    states do not depend on its padding."""
+    states do not depend on its padding.
+
+    cache: keep each layer's states in build/cache/, keyed by the model, the rows' tokens and the layer (a pure
+    function of the three), so the arms of an ablation, each its own command, pay the pass once."""
     runner = Runner.for_model(model)
     bad = [k for k in layers if not 1 <= k <= runner.n_layers]
     if bad:
         raise ValueError(f"layers must lie in [1, {runner.n_layers}] for this model, got {bad}")
+    paths = {k: cache_path(f"states_L{k}", model, data.tokens) for k in layers}
+    for k in sorted(set(layers) - set(data.states)) if cache else ():
+        kept = read_cache(paths[k], f"states after layer {k}", ("states",))
+        if kept is not None:
+            data.states[k] = kept["states"]
     need = sorted(set(layers) - set(data.states))
     n, t = data.tokens.shape
     for k in need:
         data.states[k] = torch.zeros(n, t, model.config.hidden_size, dtype=torch.bfloat16)
-    for b in tqdm(range(0, n, batch_rows), desc=f"states after layers {need}", disable=not need):
+    for b in tqdm(range(0, n, batch_rows), desc=f"states after layers {need}") if need else ():
         x = data.tokens[b:b + batch_rows].to(runner.device)  # (B, T)
         pos = torch.arange(t, device=x.device)[None].expand(x.shape[0], -1)
         h, start = runner.embed(x), 0
@@ -174,7 +183,33 @@ def fill_states(model, data: TeacherData, layers: tuple[int, ...], batch_rows: i
             h = runner.layers_forward(h, None, pos, start, k)  # (B, T, D)
             start = k
             data.states[k][b:b + batch_rows] = h.to("cpu", torch.bfloat16)
+    for k in need if cache else ():
+        write_cache(paths[k], {"states": data.states[k]})
     return data
+
+
+def cache_path(kind: str, model, tokens: torch.Tensor, *extra) -> Path:
+    """build/cache/<kind>_<fingerprint>_<key>.pt, key = a hash of the rows' tokens, their shape and `extra`."""
+    key = hashlib.sha256(tokens.numpy().tobytes() + str((tuple(tokens.shape), *extra)).encode()).hexdigest()[:16]
+    return BUILD_DIR / "cache" / f"{kind}_{fingerprint(model)}_{key}.pt"
+
+
+def read_cache(path: Path, what: str, keys: tuple[str, ...]) -> dict | None:
+    """What `write_cache` kept at `path`, or None (nothing kept, or a torn file: the caller computes it again)."""
+    if not path.is_file():
+        return None
+    try:
+        return load_torch(path, what, keys=keys)
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def write_cache(path: Path, body: dict) -> None:
+    """Through a temporary name and a rename: a kill leaves no half file to read back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two processes filling one cache never share a tmp
+    torch.save(body, tmp)
+    os.replace(tmp, path)
 
 
 @torch.no_grad()
@@ -190,11 +225,10 @@ def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4,
     check_int("top_k", top_k, 1)
     check_int("batch_rows", batch_rows, 1)
     n, t = data.tokens.shape
-    key = hashlib.sha256(data.tokens.numpy().tobytes() + str((n, t, top_k)).encode()).hexdigest()[:16]
-    path = BUILD_DIR / "cache" / f"soft_top{top_k}_{fingerprint(model)}_{key}.pt"
-    kept = _cached_targets(path) if cache else None
+    path = cache_path(f"soft_top{top_k}", model, data.tokens, top_k)
+    kept = read_cache(path, "soft top-k targets", ("ids", "logp")) if cache else None
     if kept is not None:
-        ids, logp = kept
+        ids, logp = kept["ids"], kept["logp"]
     else:
         runner = Runner.for_model(model)
         ids = torch.zeros(n, t, top_k, dtype=torch.long)
@@ -206,26 +240,12 @@ def soft_targets(model, data: TeacherData, top_k: int = 32, batch_rows: int = 4,
             lp = runner.logits(h).float().log_softmax(-1)  # (B, T, V)
             top = lp.topk(top_k, dim=-1)
             ids[b:b + batch_rows], logp[b:b + batch_rows] = top.indices.cpu(), top.values.to("cpu", torch.float16)
-        if cache:  # through a temporary name and a rename: a kill leaves no half file to read back
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            torch.save({"ids": ids, "logp": logp}, tmp)
-            os.replace(tmp, path)
+        if cache:
+            write_cache(path, {"ids": ids, "logp": logp})
     data.top_ids, data.top_logp = ids, logp
     data.card = {**data.card, "targets": f"soft: the target's top-{top_k} log-probabilities by a teacher forward "
                  "over the record (teacher.soft_targets)"}
     return data
-
-
-def _cached_targets(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(ids, logp) kept by an earlier `soft_targets`, or None (none kept, or a torn file: computed again)."""
-    if not path.is_file():
-        return None
-    try:
-        body = load_torch(path, "soft top-k targets", keys=("ids", "logp"))
-    except (OSError, ValueError, RuntimeError):
-        return None
-    return body["ids"], body["logp"]
 
 
 def build_teacher(model, tok, cfg: TeacherConfig, path: str | Path | None = None, command: str = "") -> TeacherData:
