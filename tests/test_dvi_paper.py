@@ -229,9 +229,13 @@ def test_cli_warm_start_and_online_on_the_set(built, tmp_path, capsys):
     folder = Path(train.card["source"])
     out = tmp_path / "out"
     argv = ["--data", str(folder), "--split", "2", "--warm-start-tokens", "64", "--warm-batch", "64",
-            "--sequences", "1", "--max-new-tokens", "6", "--K", "3", "--vocab", "full", "--lora-rank", "2",
-            "--eval-prompts", "0", "--out", str(out), "--ckpt-dir", str(tmp_path / "ck")]
+            "--sequences", "2", "--max-new-tokens", "16", "--K", "3", "--vocab", "full", "--lora-rank", "2",
+            "--eval-prompts", "0", "--out", str(out), "--ckpt-dir", str(tmp_path / "ck"),
+            "--json", str(tmp_path / "stream.json")]
     assert cli.main(argv) == 0
     card = json.loads((out / "card.json").read_text())
     assert card["warm_positions"] == 64 and card["config"]["head"] == "trained"
     assert card["capacity"]["head_rows"] == 8192 * 256 and (out / "policy.pt").is_file()
+    res = json.loads((tmp_path / "stream.json").read_text())  # the run's stream: acceptance over its questions
+    assert res["stream"] and all(0 <= b["accept_rate"] <= 1 and b["questions"][1] <= 2 for b in res["stream"])
+    assert res["provenance"]["command"] and res["recipe"]["sequences"] == 2

@@ -94,6 +94,52 @@ def method_options(split: int | None = None) -> dict[str, dict]:
             "draft_verify": {}, "medusa": {}, "dvi": dict(exit_layer)}
 
 
+def configurations(model, methods: list[str]) -> dict[str, str]:
+    """method -> what it runs at in the study and where that comes from: the model's defaults.json (each sizing
+    command writes its pick there, with the results file behind it), else the method's own defaults (read from its
+    factory's signature, so this cannot drift from what runs). Printed under the table and kept in the results."""
+    import inspect
+    import re
+
+    from dvi_lite.core.registry import get_method
+    from dvi_lite.methods.sps.drafter import sized_k
+    from dvi_lite.models.artifacts import artifacts_dir, default_split_for, model_defaults
+    from dvi_lite.paths import ROOT
+
+    d = model_defaults(model)
+    src = lambda entry: (lambda m: f" ({m.group(0)})" if m else "")(  # noqa: E731
+        re.search(r"results/[\w.]+\.json", (entry or {}).get("why", "")))
+
+    def dflt(method: str, name: str):
+        return inspect.signature(get_method(method).load()).parameters[name].default
+
+    split = default_split_for(model)
+    skip = artifacts_dir(model) / "draft_verify" / "skip.json"
+    med = d.get("medusa", {})
+    skip_set = ("no skip set" if not skip.is_file() else
+                f"the searched skip set ({skip.relative_to(ROOT)})" if skip.is_relative_to(ROOT) else "its skip set")
+    text = {
+        "ar": "one token per target forward",
+        "hf": "transformers' generate",
+        "hf_assisted": f"the SpS draft at K = {sized_k(model)}, in transformers' assisted generation",
+        "sps": f"K = {sized_k(model)}" + (f", sps-sizing's pick{src(d['sps'])}" if "sps" in d else ", the default"),
+        "pld": f"K = {dflt('pld', 'K')}, n-grams up to {dflt('pld', 'max_ngram')}",
+        "kangaroo": f"exit layer {split}{src(d) if 'split' in d else ''}, K = {dflt('kangaroo', 'K')}, "
+                    f"η = {dflt('kangaroo', 'threshold')}",
+        "draft_verify": f"{skip_set}, K = {dflt('draft_verify', 'K')}, "
+                        f"γ toward α = {dflt('draft_verify', 'target_alpha')}",
+        "medusa": (f"{len(med['tree'])}-node tree, {med.get('K')} heads, medusa-sizing's pick{src(med)}"
+                   if med.get("tree") else "the default tree"),
+        "dvi": f"exit layer {split}, K = {dflt('dvi', 'K')}, threshold {dflt('dvi', 'threshold')}",
+        "eagle": f"{dflt('eagle', 'tree')} tree, depth {dflt('eagle', 'K')} (EAGLE-2's expansion)",
+    }
+    out = {}
+    for m in methods:
+        base, *opts = m.split(":")
+        out[m] = text.get(base, "its defaults") + "".join(f", {o}" for o in opts)
+    return out
+
+
 def _count(module) -> int:
     return sum(p.numel() for p in module.parameters())
 

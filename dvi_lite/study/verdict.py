@@ -9,7 +9,9 @@ headline carried by loops would not survive on other text.
 """
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 from dvi_lite.measure import paired
 
@@ -55,6 +57,71 @@ def repetition(res: dict, methods: list[str], looping: float = LOOPING) -> dict[
                   "tau_distinct_spearman": _spearman([d for d, _, _ in pts], [t for _, t, _ in pts]),
                   "speedup_without_looping": statistics.median(kept) if kept else None}
     return out
+
+
+def pairs_for(rows: list[dict]) -> list[tuple[str, str]]:
+    """The study's head-to-head pairs: EAGLE vs prompt lookup, DVI vs Kangaroo, and the best by the median vs HF
+    assisted (the same draft as SpS in Hugging Face's loop)."""
+    best = [(rows[0]["method"], "hf_assisted")] if rows and rows[0]["method"] != "hf_assisted" else []
+    return [("eagle", "pld"), ("dvi", "kangaroo"), *best]
+
+
+def second_look(res: dict, methods: list[str]) -> dict:
+    """The three checks on one bench's rows, as a results entry: {"ranking": methods best first by the median,
+    "estimators": {method: row}, "headline_holds", "head_to_head", "repetition": {method: summary (no points)},
+    "groups": {method: {task group: x AR}}}. Keyed by method, so a rerun that reorders the methods keeps each key."""
+    rows = estimators(res, methods)
+    rep = repetition(res, methods)
+    return {"ranking": [r["method"] for r in rows],
+            "estimators": {r["method"]: {k: v for k, v in r.items() if k != "method"} for r in rows},
+            "headline_holds": headline_holds(rows),
+            "head_to_head": head_to_head(res, pairs_for(rows)),
+            "repetition": {m: {k: v for k, v in r.items() if k != "points"} for m, r in rep.items()},
+            "groups": {m: {d: g.get("speedup_vs_ar") for d, g in res[m].get("groups", {}).items()}
+                       for m in methods if m in res}}
+
+
+def load_bench(path: str | Path) -> dict:
+    """A committed `bench --json` file: {"settings", "provenance", "methods": {method: row}} (a clear error if it is
+    missing or is not a bench file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no bench results at {path} (write it with python -m dvi_lite bench ... --json)")
+    body = json.loads(path.read_text())
+    if not isinstance(body.get("methods"), dict) or "ar" not in body["methods"]:
+        raise ValueError(f"{path} is not a bench results file (no 'methods' with an 'ar' row)")
+    return body
+
+
+def format_second_look(look: dict, groups: bool = True) -> str:
+    """The three checks as printed tables: the estimators with their intervals and ranks, the head-to-head
+    intervals, the repetition check, and (groups=True) x AR per task group."""
+    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
+    iv = lambda r, k: "–" if not r.get(k) or None in r[k] else f"[{r[k][0]:.2f}, {r[k][1]:.2f}]"  # noqa: E731
+    out = [f"{'method':<18}{'median':>8}{'interval':>15}{'pooled':>8}{'interval':>15}{'rank by median':>16}"
+           f"{'by pooled':>11}"]
+    for m in look["ranking"]:
+        r = look["estimators"][m]
+        out.append(f"{m:<18}{f(r['median']):>8}{iv(r, 'median_interval'):>15}{f(r['pooled']):>8}"
+                   f"{iv(r, 'pooled_interval'):>15}{r['rank_median']:>16}{r['rank_pooled']:>11}")
+    out.append(f"the best method by the median is the best by the pooled ratio too: {look['headline_holds']}")
+    out.append("\nhead to head, paired per question (A over B: above 1 means A is faster)")
+    for name, d in look["head_to_head"].items():
+        out.append(f"{name:<26}{f(d.get('median')):>6} [{f(d.get('lo'))}, {f(d.get('hi'))}] over {d.get('n')} "
+                   "questions")
+    out.append(f"\nrepetition: answers whose distinct-token share is below {LOOPING} count as looping")
+    for m, r in look["repetition"].items():
+        out.append(f"{m:<18} looping {r['looping']}/{r['n']}, rank correlation of τ with the distinct share "
+                   f"{f(r['tau_distinct_spearman'])}, × AR over the answers that do not loop "
+                   f"{f(r['speedup_without_looping'])}")
+    groups = look["groups"] if groups else {}
+    if any(groups.values()):
+        cols = list(next(g for g in groups.values() if g))
+        out.append("\n× AR per task group")
+        out.append(f"{'method':<18}" + "".join(f"{d[:12]:>13}" for d in cols))
+        for m, row in groups.items():
+            out.append(f"{m:<18}" + "".join(f"{f(row.get(d)):>13}" for d in cols))
+    return "\n".join(out)
 
 
 def _spearman(x: list[float], y: list[float]) -> float | None:
