@@ -239,3 +239,8 @@ def test_cli_warm_start_and_online_on_the_set(built, tmp_path, capsys):
     res = json.loads((tmp_path / "stream.json").read_text())  # the run's stream: acceptance over its questions
     assert res["stream"] and all(0 <= b["accept_rate"] <= 1 and b["questions"][1] <= 2 for b in res["stream"])
     assert res["provenance"]["command"] and res["recipe"]["sequences"] == 2
+    from dvi_lite.methods.dvi.figure import stream_figure
+
+    assert len(stream_figure(res).data) == 1  # no held-out bench in this run (--eval-prompts 0): the stream alone
+    with pytest.raises(ValueError, match="no online stream"):
+        stream_figure({**res, "stream": []})

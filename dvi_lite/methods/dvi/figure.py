@@ -58,3 +58,27 @@ def lambda_figure(horizon: int, t_lambda: float, kl_floor: float) -> go.FigureWi
     fig.update_layout(height=620, margin={"t": 60, "b": 40, "l": 60, "r": 60},
                       legend={"orientation": "h", "y": -0.12})
     return fig
+
+
+def stream_figure(result: dict) -> go.Figure:
+    """Acceptance over a long online stream (a `dvi --data ... --json` result: its "stream", one point per bin of
+    questions), with the held-out bench's α after the warm start and at the end of the stream as horizontal lines:
+    does serving the stream teach the head, and does what it learns carry to questions it never saw?"""
+    import plotly.graph_objects as go
+
+    bins = result.get("stream") or []
+    if not bins:
+        raise ValueError("the result has no online stream (a run with --sequences 0, or one that was stopped)")
+    x = [(b["questions"][0] + b["questions"][1]) / 2 for b in bins]
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=[b["accept_rate"] for b in bins], mode="lines+markers",
+                    name="acceptance of the stream's drafts (mean per bin of questions)")
+    for key, label, dash in (("heldout_bench_warm", "held-out α after the warm start", "dot"),
+                             ("heldout_bench", "held-out α after the stream", "dash")):
+        if (result.get(key) or {}).get("alpha") is not None:
+            a = result[key]["alpha"]
+            fig.add_scatter(x=[x[0], x[-1]], y=[a, a], mode="lines", line={"dash": dash}, name=f"{label}: {a:.2f}")
+    fig.update_layout(title=f"DVI online over {bins[-1]['questions'][1]} questions: acceptance as it serves",
+                      xaxis_title="question of the stream", yaxis_title="acceptance rate α",
+                      yaxis={"range": [0, 1]}, legend={"orientation": "h", "y": -0.2})
+    return fig
