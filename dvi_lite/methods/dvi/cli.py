@@ -262,27 +262,12 @@ def train_on_set(args: argparse.Namespace, command: str, loaded=None) -> dict:
         card = stored_form(out, args.save_dtype, args.head_rank)
     if args.json and not card.get("stopped"):
         from dvi_lite.measure.provenance import results_json
+        from dvi_lite.methods.dvi.serve import stream_result
 
         atomic_write_text(Path(args.json), results_json(stream_result(card, out / "log.jsonl")))
         print(f"wrote {args.json}")
     print(json.dumps({k: card.get(k) for k in ("stopped", "fast_steps", "tokens_seen", "final", "wall_time_s")}))
     return card
-
-
-def stream_result(card: dict, log: Path, bins: int = 10) -> dict:
-    """A paper run's results entry: acceptance, τ and top-1 agreement over the online stream in `bins` bins of
-    questions (serve.curve over the log's online records), the held-out bench after the warm start and at the end,
-    the held-out agreement curve, and the card's provenance."""
-    from dvi_lite.methods.dvi.serve import curve
-
-    recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    online = [r for r in recs if r.get("phase") != "warm" and r.get("sequences")]  # warm steps carry a phase
-    keep = ("split", "config", "recipe", "data", "fast_steps", "tokens_seen", "experiences", "tokens_generated",
-            "final", "heldout_bench_warm", "heldout_bench", "wall_time_s", "curve")
-    return {"what": "DVI as the paper trains it, with a long online phase: acceptance over the stream of questions "
-                    "(each bin the mean over its fast updates) and the held-out bench before and after it",
-            **{k: card.get(k) for k in keep}, "stream": curve(online, bins), "stream_questions": card.get("data", {})
-            .get("online"), "provenance": card.get("provenance")}
 
 
 def stored_form(out: Path, dtype: str, head_rank: int | None) -> dict:

@@ -138,6 +138,20 @@ def curve(records: list[dict], bins: int = 8) -> list[dict]:
     return out
 
 
+def stream_result(card: dict, log: Path, bins: int = 10) -> dict:
+    """A paper run's results entry: acceptance, τ and top-1 agreement over the online stream in `bins` bins of
+    questions (serve.curve over the log's online records), the held-out bench after the warm start and at the end,
+    the held-out agreement curve, and the card's provenance."""
+    recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    online = [r for r in recs if r.get("phase") != "warm" and r.get("sequences")]  # warm steps carry a phase
+    keep = ("split", "config", "recipe", "data", "fast_steps", "tokens_seen", "experiences", "tokens_generated",
+            "final", "heldout_bench_warm", "heldout_bench", "wall_time_s", "curve")
+    return {"what": "DVI as the paper trains it, with a long online phase: acceptance over the stream of questions "
+                    "(each bin the mean over its fast updates) and the held-out bench before and after it",
+            **{k: card.get(k) for k in keep}, "stream": curve(online, bins), "stream_questions": card.get("data", {})
+            .get("online"), "provenance": card.get("provenance")}
+
+
 def online_run(model, tok, cfg: DVIConfig, recipe: dict[str, Any], arm: str = "dvi", out: Path | None = None,
                ckpt_dir: Path | None = None, resume: bool = False, progress: bool = True) -> tuple[OnlineTrainer, dict]:
     """One online run over the stream's first recipe["sequences"] questions, then the held-out evaluation.
