@@ -107,13 +107,14 @@ def configurations(model, methods: list[str]) -> dict[str, str]:
     from dvi_lite.paths import ROOT
 
     d = model_defaults(model)
-    src = lambda entry: (lambda m: f" ({m.group(0)})" if m else "")(  # noqa: E731
-        re.search(r"results/[\w.]+\.json", (entry or {}).get("why", "")))
+    def src(entry: dict | None) -> str:  # " (results/X.json)": the sizing result an entry's "why" names
+        m = re.search(r"results/[\w.]+\.json", (entry or {}).get("why", ""))
+        return f" ({m.group(0)})" if m else ""
 
     def dflt(method: str, name: str):
         return inspect.signature(get_method(method).load()).parameters[name].default
 
-    split = default_split_for(model)
+    split, k = default_split_for(model), sized_k(model)
     skip = artifacts_dir(model) / "draft_verify" / "skip.json"
     med = d.get("medusa", {})
     skip_set = ("no skip set" if not skip.is_file() else
@@ -121,8 +122,8 @@ def configurations(model, methods: list[str]) -> dict[str, str]:
     text = {
         "ar": "one token per target forward",
         "hf": "transformers' generate",
-        "hf_assisted": f"the SpS draft at K = {sized_k(model)}, in transformers' assisted generation",
-        "sps": f"K = {sized_k(model)}" + (f", sps-sizing's pick{src(d['sps'])}" if "sps" in d else ", the default"),
+        "hf_assisted": f"the SpS draft at K = {k}, in transformers' assisted generation",
+        "sps": f"K = {k}" + (f", sps-sizing's pick{src(d['sps'])}" if "sps" in d else ", the default"),
         "pld": f"K = {dflt('pld', 'K')}, n-grams up to {dflt('pld', 'max_ngram')}",
         "kangaroo": f"exit layer {split}{src(d) if 'split' in d else ''}, K = {dflt('kangaroo', 'K')}, "
                     f"η = {dflt('kangaroo', 'threshold')}",

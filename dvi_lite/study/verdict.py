@@ -75,6 +75,8 @@ def second_look(res: dict, methods: list[str]) -> dict:
     """The three checks on one bench's rows, as a results entry: {"ranking": methods best first by the median,
     "estimators": {method: row}, "headline_holds", "head_to_head", "repetition": {method: summary (no points)},
     "groups": {method: {task group: x AR}}}. Keyed by method, so a rerun that reorders the methods keeps each key."""
+    from dvi_lite.study.table import group_speedups  # (torch-heavy: imported when a second look is taken)
+
     rows = estimators(res, methods)
     rep = repetition(res, methods)
     return {"ranking": [r["method"] for r in rows],
@@ -82,8 +84,7 @@ def second_look(res: dict, methods: list[str]) -> dict:
             "headline_holds": headline_holds(rows),
             "head_to_head": head_to_head(res, pairs_for(rows)),
             "repetition": {m: {k: v for k, v in r.items() if k != "points"} for m, r in rep.items()},
-            "groups": {m: {d: g.get("speedup_vs_ar") for d, g in res[m].get("groups", {}).items()}
-                       for m in methods if m in res}}
+            "groups": group_speedups({m: res[m] for m in methods if m in res})}
 
 
 def load_bench(path: str | Path) -> dict:
