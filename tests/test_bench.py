@@ -111,6 +111,28 @@ def test_bench_json_shape(tiny_model, tmp_path, capsys):
     assert mach["weights_GBps_at_ar"] == body["methods"]["ar"]["weights_GBps_at_ar"]
 
 
+def test_bench_cut_short_keeps_the_prompts_it_measured(tiny_model, tmp_path, monkeypatch):
+    """A run stopped after its first prompt (a GPU lease's cap, Ctrl-C) leaves a results file marked partial."""
+    out = tmp_path / "r.json"
+    real = timing.run_one
+    calls = []
+
+    def stop_on_second_prompt(model, tok, rec, i, *a, **kw):
+        calls.append(i)
+        if i == 1 and len(calls) > 3:  # the warm-up runs prompt 0; the round's prompt 1 is where the cut comes
+            raise KeyboardInterrupt
+        return real(model, tok, rec, i, *a, **kw)
+
+    monkeypatch.setattr(timing, "run_one", stop_on_second_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--model", str(tiny_model), "--methods", "ar,pld", "--n-prompts", "2", "--max-new-tokens", "6",
+                    "--repeats", "1", "--no-machine", "--json", str(out)])
+    body = json.loads(out.read_text())
+    assert body["settings"]["partial"] == {"prompts_done": 1, "of": 2}
+    assert set(body["methods"]) == {"ar", "pld"} and body["methods"]["pld"]["n_prompts"] == 1
+    assert body["provenance"]["command"].startswith("python -m dvi_lite bench")
+
+
 def test_parse_spec_reads_variant_options():
     from dvi_lite.measure.timing import parse_spec
 

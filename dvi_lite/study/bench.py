@@ -12,6 +12,9 @@ Each round also calibrates the verify-cost model v(n) (measure/cost.py) on this 
 the prompts' length, and the draft cost c is taken against that round's AR. The bench predicts each method's
 speedup from them: tau / (v(nodes + 1) + K c). With --json it also measures the machine's memory bandwidth.
 
+With --json, the first round's results so far are written after each of its prompts, marked
+settings.partial = {"prompts_done", "of"}, and the finished run replaces them: a run cut short keeps what it measured.
+
 Speed is measured, never asserted in tests. The JSON shape is stable (other tools read it):
 {"provenance": {..., "model", "fingerprint", "dtype"}, "settings": {...}, "verify_cost": {n: v(n)},
 "machine": {"copy_GBps", "read_GBps", "weight_bytes", "weights_GBps_at_ar"},
@@ -152,8 +155,20 @@ def main(argv: list[str] | None = None) -> int:
         opts = {m: {"draft_model": args.draft_model, **({} if args.K is None else {"K": args.K})}
                 for m in ("sps", "hf_assisted")}
         calib: dict = {}
+        cmd = command_line("bench", argv)
+        settings = {**{k: x for k, x in vars(args).items() if k != "json"}, "prompts": str(path),
+                    "chat_template": chat}
+
+        def partial(summary: dict, done: int) -> None:  # the first round so far: a cut run keeps what it measured
+            if args.json:
+                body = {"provenance": provenance(cmd, args.device, timing=TIMING, **model_facts(args.model, model)),
+                        "settings": {**settings, "partial": {"prompts_done": done, "of": len(prompts)}},
+                        "methods": summary}
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(Path(args.json), results_json(body))
+
         results = bench(model, tok, prompts, methods, args.max_new_tokens, args.repeats, args.temperature,
-                        args.top_p, args.seed, opts, calibration=calib)
+                        args.top_p, args.seed, opts, calibration=calib, progress=partial)
         v, ctx = calib["v"], calib["context"]
     except (ValueError, FileNotFoundError, TypeError) as e:
         ap.error(str(e))
@@ -167,10 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: v(n) came out below 1 at n = {calib['below_one']} (timing noise: a forward over more tokens "
               "does not cost less); predictions use the non-decreasing envelope")
     if args.json:
-        cmd = command_line("bench", argv)
-        settings = {**{k: x for k, x in vars(args).items() if k != "json"}, "prompts": str(path),
-                    "n_prompts_used": len(prompts), "second_turn_prompts": sum(p.get("turn") == 2 for p in prompts),
-                    "chat_template": chat, "verify_cost_context": ctx}
+        settings = {**settings, "n_prompts_used": len(prompts),
+                    "second_turn_prompts": sum(p.get("turn") == 2 for p in prompts), "verify_cost_context": ctx}
         body = {"provenance": provenance(cmd, args.device, timing=TIMING,
                                          **model_facts(args.model, model)),
                 "settings": settings, "verify_cost": v, "verify_cost_rounds": calib["rounds"],
