@@ -4,8 +4,11 @@
 
 Each FOLDER is one call's files (the device tool's files_at): device_*.txt, log_*.txt, study_*.json (bench),
 tree_real.json, dvi_gpu.tgz (the online run's head folder: card.json and log.jsonl are kept, not the head),
-dvi_bench.json, lossless.json. CALLS.json lists each call as the device tool reported it ({"command",
-"wall_s", "rc", "timed_out"}), so the file says what each call cost and what did not fit.
+dvi_bench.json, lossless.json. A bench cut by its cap keeps the questions it finished (settings.partial). An
+earlier file for the same GPU is merged: its benches stay beside the new ones (by name), and its tree, online
+and lossless sections stay where this run has none, each with its own provenance. CALLS.json lists each call as
+the device tool reported it ({"command", "wall_s", "rc", "timed_out"}), so the file says what each call cost and
+what did not fit.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from dvi_lite.paths import atomic_write_text  # noqa: E402
 
 BENCH_KEEP = ("decode_tokens_per_s", "tokens_per_s", "speedup_vs_ar", "speedup_interval", "speedup_vs_ar_e2e",
               "speedup_interval_e2e", "speedup_pooled", "speedup_pooled_interval", "tau", "alpha", "c",
-              "predicted_speedup", "n_prompts", "new_tokens", "peak_mem_bytes")
+              "predicted_speedup", "n_prompts", "new_tokens", "peak_mem_bytes", "speedup_per_prompt")
+CARRIED = ("tree_real", "tree_attention", "dvi_online", "lossless")  # kept from an earlier run when this one has none
 
 
 def device(folder: Path) -> dict | None:
@@ -47,9 +51,12 @@ def stages(folder: Path) -> list[str]:
 
 def bench(path: Path) -> dict:
     body = json.loads(path.read_text())
-    return {"settings": {k: body["settings"].get(k) for k in ("n_prompts_used", "repeats", "max_new_tokens", "dtype",
-                                                               "device", "runtime", "prompts")},
-            "verify_cost": body["verify_cost"], "provenance": body["provenance"],
+    st = body["settings"]
+    keys = ("n_prompts_used", "repeats", "max_new_tokens", "dtype", "device", "runtime", "prompts", "partial")
+    settings = {k: st.get(k) for k in keys if k in st}
+    if "partial" in st:  # a capped bench: its first round's first questions (bench writes them after each one)
+        settings["n_prompts_used"] = st["partial"]["prompts_done"]
+    return {"settings": settings, "verify_cost": body.get("verify_cost"), "provenance": body["provenance"],
             "methods": {m: {k: r.get(k) for k in BENCH_KEEP if k in r} for m, r in body["methods"].items()}}
 
 
@@ -81,11 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         if (f / "dvi_gpu.tgz").is_file():
             res["dvi_online"] = online(f / "dvi_gpu.tgz")
     res["not_fitted"] = args.not_fitted
+    out = ROOT / "results" / "gpu" / f"43_study_{dev['gpu'].lower().replace(' ', '_')}.json"
+    if out.is_file():  # an earlier run on this GPU: its benches and the checks this run did not redo stay, each
+        old = json.loads(out.read_text())  # with its own provenance
+        res["bench"] = {**old.get("bench", {}), **res.get("bench", {})}
+        res.update({k: old[k] for k in CARRIED if k in old and k not in res})
+        res["earlier"] = {k: old[k] for k in ("device", "calls", "not_fitted") if k in old}
     cmd = "python scripts/gpu_study_record.py " + " ".join(sys.argv[1:] if argv is None else argv)
     res["provenance"] = {"command": cmd, "commit": args.commit, "device": dev["gpu"], "torch": dev["torch"],
                          "transformers": dev["transformers"], "date": dev["started"],
                          "scripts": "scripts/gpu_carry.sh, scripts/gpu_study.sh, scripts/gpu_study.py"}
-    out = ROOT / "results" / "gpu" / f"43_study_{dev['gpu'].lower().replace(' ', '_')}.json"
     atomic_write_text(out, results_json(res))
     print(out.relative_to(ROOT), sorted(res))
     return 0

@@ -74,8 +74,16 @@ def test_gpu_column_reads_the_recorded_gpu_run_and_says_when_there_is_none(tmp_p
 
     body = gpu.load()
     assert body is not None and body["device"]["gpu"] in gpu.size(body)
-    col = gpu.column(body)
-    assert "ar" in col and all(set(r) == {"speedup", "interval", "tau", "c", "tokens_per_s"} for r in col.values())
-    assert body["device"]["gpu"] in "\n".join(gpu.render(body))
+    keys = {"speedup", "interval", "pooled", "tau", "c", "tokens_per_s"}
+    for runtime in ("hf", "lean"):  # each runtime against its own AR
+        col = gpu.column(body, runtime)
+        assert col["ar"]["speedup"] == 1.0 and all(set(r) == keys for r in col.values())
+        assert f"{runtime} runtime" in gpu.size(body, runtime)
+    text = "\n".join(gpu.render(body))
+    assert body["device"]["gpu"] in text and "lean runtime" in text and "fp32 on the GPU" in text
+    # a bench its cap cut says how many of its questions it finished
+    part = {"bench": {"study_hf": {"settings": {"partial": {"prompts_done": 2, "of": 6}, "repeats": 1},
+                                   "methods": {}}}, "device": {"gpu": "G"}}
+    assert gpu.size(part).startswith("2 of 6 held-out questions")
     assert gpu.load(tmp_path) is None and gpu.column(None) == {} and gpu.render(None) == []
     assert "No GPU run" in gpu.format_table(None)

@@ -4,8 +4,8 @@ No GPU number is typed anywhere: the study notebook and the README read this fil
 small the run was (questions, rounds, tokens), since a lease of 15 minutes fits only a pilot.
 
     load()         the newest GPU study file's body, or None (the column then says there is none)
-    column(body)   {method: {speedup, interval, tau, c, tokens_per_s}} from its bench
-    format_table   the column as text, with the run's size and the GPU's name
+    column(body, runtime)  {method: {speedup, interval, pooled, tau, c, tokens_per_s}} on the HF or lean runtime
+    format_table   the columns as text, with the run's size, the GPU's name and the fp32 checks
     render(body)   the README's GPU section (markdown)
 """
 from __future__ import annotations
@@ -26,41 +26,82 @@ def load(folder: Path = GPU_DIR) -> dict | None:
     return max(bodies, key=lambda b: b["device"]["started"]) if bodies else None
 
 
-def _bench(body: dict) -> dict:
-    """The study bench of the run (the largest one that came back)."""
+RUNTIME_BENCH = {"hf": "study_hf", "lean": "study_lean"}  # the runtime -> the bench that measured it
+
+
+def _bench(body: dict, runtime: str = "hf") -> dict:
+    """The run's bench on `runtime`: its named one if it has it, else (for "hf": a run from before the runtimes
+    were split) the largest bench that came back."""
     benches = {k: v for k, v in body.get("bench", {}).items() if k != "dvi_bench"}
-    if not benches:
+    if RUNTIME_BENCH.get(runtime) in benches:
+        return benches[RUNTIME_BENCH[runtime]]
+    if runtime != "hf" or not benches:
         return {}
     return max(benches.values(), key=lambda b: len(b["methods"]))
 
 
-def column(body: dict | None) -> dict[str, dict]:
-    """Per method: × AR on the GPU (decode phase, median of per-question ratios), its interval, τ, c, tok/s."""
+def column(body: dict | None, runtime: str = "hf") -> dict[str, dict]:
+    """Per method on `runtime`: × its own AR on the GPU (decode phase, median of per-question ratios), its
+    interval, the pooled ratio, τ, c, tok/s."""
     if not body:
         return {}
-    return {m: {"speedup": r.get("speedup_vs_ar"), "interval": r.get("speedup_interval"), "tau": r.get("tau"),
-                "c": r.get("c"), "tokens_per_s": r.get("decode_tokens_per_s")}
-            for m, r in _bench(body).get("methods", {}).items()}
+    return {m: {"speedup": r.get("speedup_vs_ar"), "interval": r.get("speedup_interval"),
+                "pooled": r.get("speedup_pooled"), "tau": r.get("tau"), "c": r.get("c"),
+                "tokens_per_s": r.get("decode_tokens_per_s")}
+            for m, r in _bench(body, runtime).get("methods", {}).items()}
 
 
-def size(body: dict) -> str:
-    """How big the GPU run was, in words."""
-    s = _bench(body).get("settings", {})
-    return (f"{s.get('n_prompts_used')} held-out questions × {s.get('repeats')} round × {s.get('max_new_tokens')} "
-            f"tokens, SmolLM2 in {s.get('dtype')} on one {body['device']['gpu']}")
+def size(body: dict, runtime: str = "hf") -> str:
+    """How big the GPU run was, in words (a bench its cap cut says how many questions it finished)."""
+    s = _bench(body, runtime).get("settings", {})
+    part = s.get("partial")
+    n = f"{part['prompts_done']} of {part['of']}" if part else f"{s.get('n_prompts_used')}"
+    return (f"{n} held-out questions × {s.get('repeats')} round × {s.get('max_new_tokens')} tokens, SmolLM2 in "
+            f"{s.get('dtype')} on one {body['device']['gpu']}, {s.get('runtime') or 'hf'} runtime")
 
 
 def format_table(body: dict | None) -> str:
-    """The GPU column as text (a notebook prints it under the CPU table)."""
+    """The GPU columns as text (a notebook prints them under the CPU table): each runtime the run measured."""
     if not body:
         return "No GPU run is recorded (results/gpu/ has no study file)."
     f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = [f"GPU pilot: {size(body)}", f"{'method':<12}{'× AR':>7}{'90% interval':>16}{'τ':>6}{'c':>7}{'tok/s':>8}"]
-    for m, r in column(body).items():
-        ci = r["interval"]
-        lines.append(f"{m:<12}{f(r['speedup']):>7}{(f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '–'):>16}"
-                     f"{f(r['tau']):>6}{f(r['c'], 3):>7}{f(r['tokens_per_s'], 1):>8}")
-    return "\n".join(lines)
+    lines = []
+    for rt in ("hf", "lean"):
+        col = column(body, rt)
+        if not col:
+            continue
+        w = max(12, *(len(m) + 2 for m in col))
+        lines += ["" if lines else None, f"GPU, {size(body, rt)}",
+                  f"{'method':<{w}}{'× AR':>7}{'90% interval':>16}{'pooled':>8}{'τ':>6}{'c':>7}{'tok/s':>8}"]
+        for m, r in col.items():
+            ci = r["interval"]
+            lines.append(f"{m:<{w}}{f(r['speedup']):>7}{(f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '–'):>16}"
+                         f"{f(r['pooled']):>8}{f(r['tau']):>6}{f(r['c'], 3):>7}{f(r['tokens_per_s'], 1):>8}")
+    lossless = body.get("lossless")
+    if lossless:
+        lines += ["", lossless_line(lossless)]
+    return "\n".join(x for x in lines if x is not None)
+
+
+def lossless_line(res: dict) -> str:
+    """The GPU's fp32 checks in one sentence: greedy equality per method, and the law test."""
+    rows = res.get("greedy_fp32", {})
+    same = sum(all(r.get("equal") for r in v) for v in rows.values())
+    law = res.get("law", {})
+    text = (f"fp32 on the GPU: {same} of {len(rows)} methods gave AR's greedy tokens on all "
+            f"{len(res.get('questions', []))} questions ({res.get('tokens')} tokens each).")
+    if "depth1_pvalue" in law:
+        d2 = law.get("depth2_pvalue")
+        text += (f" DVI sampled at T = 1, {law['samples']} draws: law test p = {law['depth1_pvalue']:.2f} at depth 1"
+                 + (f", {d2:.2f} at depth 2" if d2 is not None else "") + f"; the wrong-law control p = "
+                 f"{law['control_pvalue']:.1e} (power {law['power_vs_control_at_0.01']:.2f} at 0.01).")
+    return text
+
+
+def _when(body: dict, section: str) -> str:
+    """' (the run of DATE)' when `section` came from an earlier lease than the file's own run, else ''."""
+    date = str(body.get(section, {}).get("provenance", {}).get("date", ""))[:10]
+    return f" (the run of {date})" if date and date != body["device"]["started"][:10] else ""
 
 
 def render(body: dict | None) -> list[str]:
@@ -70,16 +111,26 @@ def render(body: dict | None) -> list[str]:
         return []
     f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     prov = body["provenance"]
-    out = [f"**GPU pilot** · {body['device']['gpu']} · torch {body['device']['torch']} · commit "
-           f"`{str(prov.get('commit', '?'))[:10]}` · {body['device']['started']} · {size(body)}\n",
-           "| method | decode tok/s | × AR (90% CI) | τ | c |", "|---|---:|---:|---:|---:|"]
-    for m, r in column(body).items():
-        ci = r["interval"]
-        out.append(f"| {m} | {f(r['tokens_per_s'], 1)} | {f(r['speedup'])}"
-                   f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci and m != 'ar' else ''} | {f(r['tau'])} | {f(r['c'], 3)} |")
+    out = [f"**GPU** · {body['device']['gpu']} · torch {body['device']['torch']} · commit "
+           f"`{str(prov.get('commit', '?'))[:10]}` · {body['device']['started']}\n"]
+    for rt in ("hf", "lean"):
+        col = column(body, rt)
+        if not col:
+            continue
+        out += [f"{size(body, rt)}:\n", "| method | decode tok/s | × AR (90% CI) | pooled | τ | c |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for m, r in col.items():
+            ci = r["interval"]
+            out.append(f"| {m} | {f(r['tokens_per_s'], 1)} | {f(r['speedup'])}"
+                       f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci and m != 'ar' else ''} | {f(r['pooled'])} | "
+                       f"{f(r['tau'])} | {f(r['c'], 3)} |")
+        out.append("")
+    if body.get("lossless"):
+        out += [lossless_line(body["lossless"]), ""]
     rows = body.get("tree_real", {}).get("rows", [])
     if rows:
-        out += ["", "Tree verify on SmolLM2's own context (512 positions), sdpa vs the Triton tree kernel:", "",
+        head = "Tree verify on SmolLM2's own context (512 positions), sdpa vs the Triton tree kernel"
+        out += ["", f"{head}{_when(body, 'tree_real')}:", "",
                 "| dtype | nodes | max logit diff | argmax agrees | sdpa ms | Triton ms |",
                 "|---|---:|---:|---|---:|---:|"]
         out += [f"| {r['dtype']} | {r['nodes']} | {r['max_abs_logit_diff']:.2g} | "
@@ -88,7 +139,8 @@ def render(body: dict | None) -> list[str]:
     on = body.get("dvi_online")
     if on:
         st = on["stream"]
-        out += ["", f"DVI online on the GPU: {st['prompts_served']} prompts served ({on['tokens_generated']} tokens, "
+        out += ["", f"DVI online on the GPU{_when(body, 'dvi_online')}: {st['prompts_served']} prompts served "
+                f"({on['tokens_generated']} tokens, "
                 f"{on['fast_steps'] - on['start_fast_step']} fast updates) in {on['train_wall_s']:.0f} s, from the "
                 "committed head."]
     if body.get("not_fitted"):
