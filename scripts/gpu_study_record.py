@@ -4,11 +4,11 @@
 
 Each FOLDER is one call's files (the device tool's files_at): device_*.txt, log_*.txt, study_*.json (bench),
 tree_real.json, dvi_gpu.tgz (the online run's head folder: card.json and log.jsonl are kept, not the head),
-dvi_bench.json, lossless.json. A bench cut by its cap keeps the questions it finished (settings.partial). An
-earlier file for the same GPU is merged: its benches stay beside the new ones (by name), and its tree, online
-and lossless sections stay where this run has none, each with its own provenance. CALLS.json lists each call as
-the device tool reported it ({"command", "wall_s", "rc", "timed_out"}), so the file says what each call cost and
-what did not fit.
+dvi_bench.json, lossless.json, log_probe.txt (scripts/gpu_ar_probe.py's output). A bench cut by its cap keeps
+the questions it finished (settings.partial). An earlier file for the same GPU is merged: its benches stay beside
+the new ones (by name), and its tree, online and lossless sections stay where this run has none, each with its own
+provenance. CALLS.json lists each call as the device tool reported it ({"command", "wall_s", "rc", "timed_out"}),
+so the file says what each call cost and what did not fit.
 """
 from __future__ import annotations
 
@@ -60,6 +60,16 @@ def bench(path: Path) -> dict:
             "methods": {m: {k: r.get(k) for k in BENCH_KEEP if k in r} for m, r in body["methods"].items()}}
 
 
+def probe(log: Path) -> dict:
+    """scripts/gpu_ar_probe.py's printed lines: ms per token of each decoding loop, CUDA runtime calls per token."""
+    text = log.read_text()
+    ms = {m: float(x) for m, x in re.findall(r"^(\w+) ([\d.]+) ms/token$", text, re.M)}
+    calls = {m: json.loads(x) for m, x in re.findall(r"^(\w+) (\{.*\})$", text, re.M)}
+    return {"what": "where an AR token's time goes on the GPU: our AR (HF and lean runtimes), HF generate and a bare "
+            "HF forward loop, on the course model (12 layers, fp32), 96 tokens, median of 3",
+            "ms_per_token": ms, "cuda_calls_per_token": calls, "source": log.name}
+
+
 def online(tgz: Path) -> dict:
     with tarfile.open(tgz) as t:
         card = json.loads(t.extractfile("dvi_gpu/card.json").read())
@@ -85,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("tree_real", "tree_attention", "lossless"):
             if (f / f"{name}.json").is_file():
                 res[name] = json.loads((f / f"{name}.json").read_text())
+        if (f / "log_probe.txt").is_file():
+            res["ar_probe"] = probe(f / "log_probe.txt")
         if (f / "dvi_gpu.tgz").is_file():
             res["dvi_online"] = online(f / "dvi_gpu.tgz")
     res["not_fitted"] = args.not_fitted
