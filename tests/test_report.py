@@ -85,5 +85,8 @@ def test_gpu_column_reads_the_recorded_gpu_run_and_says_when_there_is_none(tmp_p
     part = {"bench": {"study_hf": {"settings": {"partial": {"prompts_done": 2, "of": 6}, "repeats": 1},
                                    "methods": {}}}, "device": {"gpu": "G"}}
     assert gpu.size(part).startswith("2 of 6 held-out questions")
+    assert "Triton ms" in gpu.format_kernel(body) and "medusa:attention=triton" in gpu.format_kernel(body)
+    assert "kangaroo" in gpu.format_dvi(body) and "law test" in gpu.format_dvi(body)
+    assert "No GPU run" in gpu.format_kernel(None) and "No GPU run" in gpu.format_dvi(None)
     assert gpu.load(tmp_path) is None and gpu.column(None) == {} and gpu.render(None) == []
     assert "No GPU run" in gpu.format_table(None)

@@ -152,6 +152,7 @@ def ablation_figure(res: dict):
 
 PAPER_ABLATION = "41_dvi_ablation.json"  # results/: the paper's recipe (soft KL warm start, then online), 3 seeds
 LATER_EXIT = "41_dvi_later_exit.json"  # results/: the same recipe (reference objective, seed 0), exit at layer 15
+STREAM = "41_dvi_online_stream.json"  # results/: the committed recipe with a 500-question online phase (dvi --json)
 PHASES = {"start": "untrained", "warm": "after the KL warm start", "online": "after the online phase"}
 
 

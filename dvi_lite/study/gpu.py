@@ -6,6 +6,8 @@ small the run was (questions, rounds, tokens), since a lease of 15 minutes fits 
     load()         the newest GPU study file's body, or None (the column then says there is none)
     column(body, runtime)  {method: {speedup, interval, pooled, tau, c, tokens_per_s}} on the HF or lean runtime
     format_table   the columns as text, with the run's size, the GPU's name and the fp32 checks
+    format_kernel  chapter 04's view: the Triton tree kernel against sdpa, Medusa through each
+    format_dvi     chapter 05's view: the online run, DVI beside Kangaroo, the law test on CUDA
     render(body)   the README's GPU section (markdown)
 """
 from __future__ import annotations
@@ -146,3 +148,54 @@ def render(body: dict | None) -> list[str]:
     if body.get("not_fitted"):
         out += ["", f"Did not fit in the lease: {body['not_fitted']}"]
     return out + [""]
+
+
+def _rows(body: dict, labels: tuple[str, ...]) -> list[str]:
+    """Each label's line from each runtime's bench: × its AR [interval], τ, c, decode tok/s."""
+    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
+    out = []
+    for rt in ("hf", "lean"):
+        col = column(body, rt)
+        for m in labels:
+            if m in col:
+                r, ci = col[m], col[m]["interval"]
+                out.append(f"  {rt:<5}{m:<26}{f(r['speedup']):>6}×  [{f(ci[0]) if ci else '–'}, "
+                           f"{f(ci[1]) if ci else '–'}]  τ {f(r['tau'])}  c {f(r['c'], 3)}  "
+                           f"{f(r['tokens_per_s'], 1)} tok/s")
+    return out
+
+
+def format_kernel(body: dict | None) -> str:
+    """Chapter 04's GPU view: the Triton tree kernel against sdpa on SmolLM2's real trees (logits, time per tree
+    size), Medusa through each in the GPU bench, and the kernel's fp32 greedy tokens against AR's."""
+    if not body or not body.get("tree_real"):
+        return "No GPU run of the tree kernel is recorded (results/gpu/ has none)."
+    lines = [f"The tree kernel compiled on one {body['device']['gpu']}, one verify forward over "
+             f"{body['tree_real']['rows'][0]['context']} positions of context:",
+             f"  {'dtype':<10}{'nodes':>6}{'max |Δ logit|':>15}{'argmax agrees':>15}{'sdpa ms':>9}{'Triton ms':>11}"]
+    for r in body["tree_real"]["rows"]:
+        lines.append(f"  {r['dtype']:<10}{r['nodes']:>6}{r['max_abs_logit_diff']:>15.2g}"
+                     f"{'yes' if r['argmax_agree'] else 'no':>15}{r['sdpa_ms']:>9.1f}{r['triton_ms']:>11.1f}")
+    lines += ["", f"Medusa in the GPU bench ({size(body)}):", *_rows(body, ("medusa", "medusa:attention=triton"))]
+    eq = body.get("lossless", {}).get("greedy_fp32", {}).get("medusa_triton")
+    if eq:
+        same = sum(bool(r.get("equal")) for r in eq)
+        lines.append(f"fp32: Medusa through the kernel gave AR's greedy tokens on {same} of {len(eq)} questions")
+    return "\n".join(lines)
+
+
+def format_dvi(body: dict | None) -> str:
+    """Chapter 05's GPU view: the online run on the GPU, DVI beside Kangaroo in each runtime's bench, and the law
+    test of DVI's sampled tokens on CUDA."""
+    if not body:
+        return "No GPU run is recorded (results/gpu/ has no study file)."
+    lines = []
+    on = body.get("dvi_online")
+    if on:
+        lines.append(f"online on the GPU{_when(body, 'dvi_online')}: {on['stream']['prompts_served']} prompts served, "
+                     f"{on['tokens_generated']} tokens, {on['fast_steps'] - on['start_fast_step']} fast updates in "
+                     f"{on['train_wall_s']:.0f} s (a budget of {on['budget_s']:.0f} s)")
+    lines += ["", f"DVI beside Kangaroo in the GPU bench ({size(body)}):", *_rows(body, ("dvi", "kangaroo"))]
+    if body.get("lossless"):
+        lines += ["", lossless_line(body["lossless"])]
+    return "\n".join(lines)
