@@ -130,6 +130,7 @@ def test_bench_cut_short_keeps_the_prompts_it_measured(tiny_model, tmp_path, mon
     body = json.loads(out.read_text())
     assert body["settings"]["partial"] == {"prompts_done": 1, "of": 2}
     assert set(body["methods"]) == {"ar", "pld"} and body["methods"]["pld"]["n_prompts"] == 1
+    assert body["verify_cost"]["1"] == 1.0  # the v(n) table its predictions used
     assert body["provenance"]["command"].startswith("python -m dvi_lite bench")
 
 

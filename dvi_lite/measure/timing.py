@@ -158,15 +158,16 @@ def step_log(model, tok, prompts: list[dict], method: str, max_new_tokens: int =
 def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: int = 64, repeats: int = 3,
           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, options: dict | None = None,
           warmup: int = 1, logs: dict[str, list] | None = None, v: Mapping | None = None,
-          calibration: dict | None = None, progress: Callable[[dict, int], None] | None = None) -> dict:
+          calibration: dict | None = None, progress: Callable[[dict, int, Mapping], None] | None = None) -> dict:
     """Paired, interleaved, warmed-up benchmark of `methods` on `prompts`; returns the JSON 'methods' dict.
 
     Each round runs every prompt once per method, the methods back to back on the same prompt, in an order
     rotated by prompt and round, so each method's ratio to AR is taken a few seconds apart (measure.paired).
     v: the verify-cost table {n: v(n)} the predictions use; None = calibrate inside each round, before its
     generations, and predict with the rounds' steady table (cost.steady). `calibration`, if given, receives
-    {"v", "rounds", "below_one", "context"}. `progress(summary, k)`, if given, receives the summary of the first
-    round's first k prompts after each prompt of that round, so a run cut short keeps what it measured.
+    {"v", "rounds", "below_one", "context"}. `progress(summary, k, v)`, if given, receives the summary of the first
+    round's first k prompts (and the v(n) table it predicts with) after each prompt of that round, so a run cut
+    short keeps what it measured.
     """
     options = options or {}
     spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
@@ -196,7 +197,7 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
             if progress is not None and r == 0:
                 part = v if v is not None else cost.steady(tables)[0]
                 progress(summarise({m: [sums[m]] for m in methods}, i + 1, part,
-                                   groups=[p.get("domain", "all") for p in prompts[: i + 1]]), i + 1)
+                                   groups=[p.get("domain", "all") for p in prompts[: i + 1]]), i + 1, part)
         for m in methods:
             rounds[m].append(sums[m])
     bar.close()

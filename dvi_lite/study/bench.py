@@ -159,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = {**{k: x for k, x in vars(args).items() if k != "json"}, "prompts": str(path),
                     "chat_template": chat}
 
-        def partial(summary: dict, done: int) -> None:  # the first round so far: a cut run keeps what it measured
+        def partial(summary: dict, done: int, v: dict) -> None:  # the first round so far: a cut run keeps it
             if args.json:
                 body = {"provenance": provenance(cmd, args.device, timing=TIMING, **model_facts(args.model, model)),
                         "settings": {**settings, "partial": {"prompts_done": done, "of": len(prompts)}},
-                        "methods": summary}
+                        "verify_cost": v, "methods": summary}
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(Path(args.json), results_json(body))
 
