@@ -511,24 +511,6 @@ def test_prepare_smoke_on_the_course_model(tmp_path):
     assert next(heads.parameters()).dtype == torch.bfloat16
 
 
-def test_ablation_picks_the_median_per_round_speedup():
-    from dvi_lite.study.medusa_ablation import spec, summarise
-
-    row = lambda tps, tau: {"tokens_per_s_rounds": tps, "tau": tau, "alpha": 0.5, "c": 0.1,  # noqa: E731
-                            "draft_depth_per_step": 3.0, "drafted_per_step": 12.0}
-    bench = {"verify_cost": {"1": 1.0, "9": 1.1, "17": 1.3}, "methods": {
-        "ar": row([10.0, 10.0, 10.0], None), spec("pruned16"): row([30.0, 11.0, 11.0], 1.8),  # one lucky round
-        spec("sparse16"): row([12.0, 12.5, 12.0], 1.9)}}
-    card = {"accuracy": {"rank_accuracy": [[0.5]], "n": [10]}, "num_heads": 1, "steps": 1,
-            "top1_vs_paper": [{"head": 0, "ours": 0.5, "paper": 0.56}]}
-    out = summarise(bench, card)
-    assert out["chosen_tree"] == "sparse16" and out["trees"]["pruned16"]["speedup_vs_ar"]["max"] == 3.0
-    need = out["trees"]["sparse16"]["needed_for_target"]
-    assert need["v_verify"] == pytest.approx(1.2)  # v(13), between the measured v(9) and v(17)
-    assert need["tau_needed_at_measured_c"] == pytest.approx(1.3 * (1.2 + 3 * 0.1))
-    assert out["chosen"]["met"] is False
-
-
 def test_smollm2_heads_are_found_in_any_dtype():
     from dvi_lite.paths import DATA_DIR
 
