@@ -35,6 +35,19 @@ def test_headline_rows_come_from_the_bench_file():
     assert row["method"] == "eagle" and row["90% interval"] == [1.2, 1.6] and row["τ"] == 2.3
 
 
+def test_ablation_rows_name_each_arm_and_its_reference():
+    from dvi_lite.measure.provenance import RESULTS_DIR
+
+    res = json.loads((RESULTS_DIR / f"{ch.ABLATION}.json").read_text())
+    rows = ch.ablation_rows(res)
+    assert [r["arm"] for r in rows] == list(res["arms"])
+    by = {r["arm"]: r for r in rows}
+    assert by["static_tree"]["against"] == "full" and by["no_ttt"]["against"] == "full_small"
+    assert all(r["interval"][0] <= r["speedup"] <= r["interval"][1] and r["tau"] >= 1 for r in rows)
+    fig = ch.ablation_figure(rows)
+    assert [t.type for t in fig.data] == ["bar", "scatter"] and list(fig.data[0].x) == list(res["arms"])
+
+
 @pytest.mark.slow
 def test_tree_steps_rebuild_the_ar_answer_and_render():
     model, tok = dvi_lite.load_model("course", dtype="float32")

@@ -5,6 +5,9 @@
     curve_rows(card, curve_tau)     -> the EAGLE head's learning curve: agreement of draft steps 1..4 against
                                        tokens seen, with tau decoded at the snapshots (study/curves.py)
     curve_figure(rows)              -> that curve as a plotly figure (log tokens axis, tau on the right)
+    ablation_rows(res)              -> one row per arm of `eagle-ablation` (results/41_eagle_ablation.json): what it
+                                       changes, what it is compared with, tau, × AR and its interval, c
+    ablation_figure(rows)           -> those rows as bars (× AR with its interval) and markers (tau)
     tree_steps(model, tok, prompt)  -> every decoding step's tree: tokens, parents, the accepted path, the
                                        target's own token (core.engine.start / step, the one loop)
     tree_html(tok, step)            -> one step's tree as nested lists, the accepted path marked
@@ -102,6 +105,41 @@ def curve_figure(rows: list[dict], title: str = "EAGLE head: held-out agreement 
                       yaxis={"title": "held-out top-1 agreement with the target", "rangemode": "tozero"},
                       yaxis2={"title": "τ (tokens per target forward)", "overlaying": "y", "side": "right"},
                       legend={"orientation": "h", "y": -0.25}, height=480, margin={"r": 80})
+    return fig
+
+
+ABLATION = "41_eagle_ablation"  # results/: `python -m dvi_lite eagle-ablation` (methods/eagle/ablation.py)
+ARMS = {  # arm -> (what it changes, the arm it is compared with)
+    "full": ("the committed head, dynamic tree", None),
+    "static_tree": ("the committed head, a static tree of the same node budget", "full"),
+    "full_small": ("a head trained on fewer tokens, all of EAGLE's design", None),
+    "no_ttt": ("the same tokens, no training-time test", "full_small"),
+    "top_layer": ("the same tokens, the top layer's state only (no fusion)", "full_small"),
+}
+
+
+def ablation_rows(res: dict) -> list[dict]:
+    """One row per arm of the ablation: what it changes, its reference arm, tau, × AR [interval], c."""
+    return [{"arm": arm, "what": ARMS.get(arm, ("", None))[0], "against": ARMS.get(arm, ("", None))[1],
+             "tau": r["tau"], "speedup": r["speedup_vs_ar"], "interval": r["speedup_interval"], "c": r.get("c")}
+            for arm, r in res["arms"].items()]
+
+
+def ablation_figure(rows: list[dict], title: str = "EAGLE's design ablated: × AR (bars, 90% interval) and τ"):
+    """× AR per arm as bars with their intervals (left axis) and τ as markers (right axis)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    x = [r["arm"] for r in rows]
+    fig.add_bar(x=x, y=[r["speedup"] for r in rows], name="× AR (decode phase, median over questions)",
+                error_y={"type": "data", "symmetric": False, "array": [r["interval"][1] - r["speedup"] for r in rows],
+                         "arrayminus": [r["speedup"] - r["interval"][0] for r in rows]})
+    fig.add_scatter(x=x, y=[r["tau"] for r in rows], mode="markers", name="τ (tokens per target forward)",
+                    yaxis="y2", marker={"size": 11, "color": "black", "symbol": "diamond"})
+    fig.add_hline(y=1.0, line={"dash": "dot", "color": "grey"})
+    fig.update_layout(title=title, xaxis={"title": "arm"}, yaxis={"title": "× AR", "rangemode": "tozero"},
+                      yaxis2={"title": "τ", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+                      legend={"orientation": "h", "y": -0.25}, height=460, margin={"r": 80})
     return fig
 
 
