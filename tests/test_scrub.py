@@ -53,3 +53,11 @@ def test_embedded_pngs_get_a_palette_and_stay_the_same_picture():
     assert len(small) <= len(png) and small == shrink_png(png)
     back = Image.open(io.BytesIO(small)).convert("RGB")
     assert back.size == im.size and back.tobytes() == im.tobytes()  # few colours: nothing lost
+
+
+def test_a_latex_copy_beside_html_goes_and_a_lone_one_stays():
+    both = {"output_type": "execute_result", "data": {"text/html": ["<pre>def f(): ...</pre>"],
+                                                      "text/latex": ["\\begin{Verbatim}..."], "text/plain": ["f"]}}
+    alone = {"output_type": "display_data", "data": {"text/latex": ["$x^2$"], "text/plain": ["x**2"]}}
+    out = scrub(nb([both, alone]), ROOT)["cells"][0]["outputs"]
+    assert set(out[0]["data"]) == {"text/html", "text/plain"} and "text/latex" in out[1]["data"]

@@ -7,7 +7,9 @@ outputs first. It never touches code, so the stamp of the code a run executed st
 - an absolute path of this checkout ("/home/.../dvi_lite/results/x.json") becomes relative ("results/x.json"),
   and so do papermill's input and output paths;
 - an embedded PNG is stored with a 256-colour palette (`shrink_png`): a plotly chart has few colours, so it looks
-  the same at about a quarter of the bytes, and every committed MB is one the GPU machine's copy cannot carry.
+  the same at about a quarter of the bytes, and every committed MB is one the GPU machine's copy cannot carry;
+- a LaTeX copy of an output that also has HTML (IPython's `Code` display of a function's source) goes: JupyterLab
+  and GitHub show the HTML, and the LaTeX is only for PDF export.
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ def _shrink_images(o: dict) -> dict:
 def _keep_output(o: dict) -> dict | None:
     """The output with progress bars and deprecation lines removed; None when nothing is left."""
     data = o.get("data", {})
+    if "text/latex" in data and "text/html" in data:
+        o = {**o, "data": {k: v for k, v in data.items() if k != "text/latex"}}
     if WIDGET in data and BAR.search(_text(data.get("text/plain", ""))):
         return None
     if o.get("output_type") == "stream":
