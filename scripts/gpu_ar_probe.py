@@ -12,28 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def per_token_ms(fn, tokens: int, reps: int, device: torch.device) -> float:
-    """Median ms per new token over `reps` generations (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - t) * 1e3 / tokens)
-    return statistics.median(times)
 
 
 def profile(fn, tokens: int) -> dict:
@@ -62,6 +45,7 @@ def main() -> int:
     from dvi_lite.core.generate import generate
     from dvi_lite.core.lean import use_runtime
     from dvi_lite.measure.provenance import provenance
+    from dvi_lite.methods.medusa.tree_attention_check import timeit_us
     from dvi_lite.models.loading import load_model
 
     dev = torch.device(args.device)
@@ -91,7 +75,7 @@ def main() -> int:
     loops = {"ours_hf": ours("hf"), "ours_lean": ours("lean"), "hf_generate": hf, "hf_forward_loop": bare}
     res: dict = {"model": "course (12 layers, fp32)", "tokens": n, "ms_per_token": {}, "profile": {}}
     for name, fn in loops.items():
-        res["ms_per_token"][name] = round(per_token_ms(fn, n, args.reps, dev), 3)
+        res["ms_per_token"][name] = round(timeit_us(fn, dev, args.reps) / 1e3 / n, 3)  # median of reps
         print(name, res["ms_per_token"][name], "ms/token", flush=True)
     use_runtime(model, "hf")
     for name, fn in loops.items():

@@ -160,15 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                     "chat_template": chat}
 
         def partial(summary: dict, done: int, v: dict) -> None:  # the first round so far: a cut run keeps it
-            if args.json:
-                body = {"provenance": provenance(cmd, args.device, timing=TIMING, **model_facts(args.model, model)),
-                        "settings": {**settings, "partial": {"prompts_done": done, "of": len(prompts)}},
-                        "verify_cost": v, "methods": summary}
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(Path(args.json), results_json(body))
+            body = {"provenance": provenance(cmd, args.device, timing=TIMING, **model_facts(args.model, model)),
+                    "settings": {**settings, "partial": {"prompts_done": done, "of": len(prompts)}},
+                    "verify_cost": v, "methods": summary}
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(args.json), results_json(body))
 
         results = bench(model, tok, prompts, methods, args.max_new_tokens, args.repeats, args.temperature,
-                        args.top_p, args.seed, opts, calibration=calib, progress=partial)
+                        args.top_p, args.seed, opts, calibration=calib, progress=partial if args.json else None)
         v, ctx = calib["v"], calib["context"]
     except (ValueError, FileNotFoundError, TypeError) as e:
         ap.error(str(e))

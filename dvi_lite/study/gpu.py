@@ -28,6 +28,11 @@ def load(folder: Path = GPU_DIR) -> dict | None:
     return max(bodies, key=lambda b: b["device"]["started"]) if bodies else None
 
 
+def _num(x: float | None, p: int = 2) -> str:
+    """A number to p decimals, or – where there is none."""
+    return "–" if x is None else f"{x:.{p}f}"
+
+
 RUNTIME_BENCH = {"hf": "study_hf", "lean": "study_lean"}  # the runtime -> the bench that measured it
 
 
@@ -66,7 +71,6 @@ def format_table(body: dict | None) -> str:
     """The GPU columns as text (a notebook prints them under the CPU table): each runtime the run measured."""
     if not body:
         return "No GPU run is recorded (results/gpu/ has no study file)."
-    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = []
     for rt in ("hf", "lean"):
         col = column(body, rt)
@@ -77,8 +81,9 @@ def format_table(body: dict | None) -> str:
                   f"{'method':<{w}}{'× AR':>7}{'90% interval':>16}{'pooled':>8}{'τ':>6}{'c':>7}{'tok/s':>8}"]
         for m, r in col.items():
             ci = r["interval"]
-            lines.append(f"{m:<{w}}{f(r['speedup']):>7}{(f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '–'):>16}"
-                         f"{f(r['pooled']):>8}{f(r['tau']):>6}{f(r['c'], 3):>7}{f(r['tokens_per_s'], 1):>8}")
+            ci_text = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "–"
+            lines.append(f"{m:<{w}}{_num(r['speedup']):>7}{ci_text:>16}{_num(r['pooled']):>8}{_num(r['tau']):>6}"
+                         f"{_num(r['c'], 3):>7}{_num(r['tokens_per_s'], 1):>8}")
     lossless = body.get("lossless")
     if lossless:
         lines += ["", lossless_line(lossless)]
@@ -100,6 +105,14 @@ def lossless_line(res: dict) -> str:
     return text
 
 
+def online_line(body: dict) -> str:
+    """The GPU online run in one line: prompts served, tokens, fast updates, time against its budget."""
+    on = body["dvi_online"]
+    return (f"online on the GPU{_when(body, 'dvi_online')}: {on['stream']['prompts_served']} prompts served, "
+            f"{on['tokens_generated']} tokens, {on['fast_steps'] - on['start_fast_step']} fast updates in "
+            f"{on['train_wall_s']:.0f} s (a budget of {on['budget_s']:.0f} s)")
+
+
 def _when(body: dict, section: str) -> str:
     """' (the run of DATE)' when `section` came from an earlier lease than the file's own run, else ''."""
     date = str(body.get(section, {}).get("provenance", {}).get("date", ""))[:10]
@@ -111,7 +124,6 @@ def render(body: dict | None) -> list[str]:
     fit."""
     if not body:
         return []
-    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     prov = body["provenance"]
     out = [f"**GPU** · {body['device']['gpu']} · torch {body['device']['torch']} · commit "
            f"`{str(prov.get('commit', '?'))[:10]}` · {body['device']['started']}\n"]
@@ -123,9 +135,9 @@ def render(body: dict | None) -> list[str]:
                 "|---|---:|---:|---:|---:|---:|"]
         for m, r in col.items():
             ci = r["interval"]
-            out.append(f"| {m} | {f(r['tokens_per_s'], 1)} | {f(r['speedup'])}"
-                       f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci and m != 'ar' else ''} | {f(r['pooled'])} | "
-                       f"{f(r['tau'])} | {f(r['c'], 3)} |")
+            out.append(f"| {m} | {_num(r['tokens_per_s'], 1)} | {_num(r['speedup'])}"
+                       f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci and m != 'ar' else ''} | {_num(r['pooled'])} | "
+                       f"{_num(r['tau'])} | {_num(r['c'], 3)} |")
         out.append("")
     if body.get("lossless"):
         out += [lossless_line(body["lossless"]), ""]
@@ -136,15 +148,10 @@ def render(body: dict | None) -> list[str]:
                 "| dtype | nodes | max logit diff | argmax agrees | sdpa ms | Triton ms |",
                 "|---|---:|---:|---|---:|---:|"]
         out += [f"| {r['dtype']} | {r['nodes']} | {r['max_abs_logit_diff']:.2g} | "
-                f"{'yes' if r['argmax_agree'] else 'no'} | {f(r['sdpa_ms'], 1)} | {f(r['triton_ms'], 1)} |"
+                f"{'yes' if r['argmax_agree'] else 'no'} | {_num(r['sdpa_ms'], 1)} | {_num(r['triton_ms'], 1)} |"
                 for r in rows]
-    on = body.get("dvi_online")
-    if on:
-        st = on["stream"]
-        out += ["", f"DVI online on the GPU{_when(body, 'dvi_online')}: {st['prompts_served']} prompts served "
-                f"({on['tokens_generated']} tokens, "
-                f"{on['fast_steps'] - on['start_fast_step']} fast updates) in {on['train_wall_s']:.0f} s, from the "
-                "committed head."]
+    if body.get("dvi_online"):
+        out += ["", f"DVI {online_line(body)}, from the committed head."]
     if body.get("not_fitted"):
         out += ["", f"Did not fit in the lease: {body['not_fitted']}"]
     return out + [""]
@@ -152,16 +159,15 @@ def render(body: dict | None) -> list[str]:
 
 def _rows(body: dict, labels: tuple[str, ...]) -> list[str]:
     """Each label's line from each runtime's bench: × its AR [interval], τ, c, decode tok/s."""
-    f = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     out = []
     for rt in ("hf", "lean"):
         col = column(body, rt)
         for m in labels:
             if m in col:
                 r, ci = col[m], col[m]["interval"]
-                out.append(f"  {rt:<5}{m:<26}{f(r['speedup']):>6}×  [{f(ci[0]) if ci else '–'}, "
-                           f"{f(ci[1]) if ci else '–'}]  τ {f(r['tau'])}  c {f(r['c'], 3)}  "
-                           f"{f(r['tokens_per_s'], 1)} tok/s")
+                out.append(f"  {rt:<5}{m:<26}{_num(r['speedup']):>6}×  [{_num(ci[0]) if ci else '–'}, "
+                           f"{_num(ci[1]) if ci else '–'}]  τ {_num(r['tau'])}  c {_num(r['c'], 3)}  "
+                           f"{_num(r['tokens_per_s'], 1)} tok/s")
     return out
 
 
@@ -190,11 +196,8 @@ def format_dvi(body: dict | None) -> str:
     if not body:
         return "No GPU run is recorded (results/gpu/ has no study file)."
     lines = []
-    on = body.get("dvi_online")
-    if on:
-        lines.append(f"online on the GPU{_when(body, 'dvi_online')}: {on['stream']['prompts_served']} prompts served, "
-                     f"{on['tokens_generated']} tokens, {on['fast_steps'] - on['start_fast_step']} fast updates in "
-                     f"{on['train_wall_s']:.0f} s (a budget of {on['budget_s']:.0f} s)")
+    if body.get("dvi_online"):
+        lines.append(online_line(body))
     lines += ["", f"DVI beside Kangaroo in the GPU bench ({size(body)}):", *_rows(body, ("dvi", "kangaroo"))]
     if body.get("lossless"):
         lines += ["", lossless_line(body["lossless"])]
