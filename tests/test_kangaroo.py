@@ -209,6 +209,45 @@ def test_fit_adapter_resumes_to_the_same_weights(model, tmp_path):
         fit_adapter(model, IdTokenizer(), data, TeacherFitConfig(**{**cfg.__dict__, "split": 3}), progress=False)
 
 
+def test_evaluate_keeps_only_the_scored_positions_of_each_row(model):
+    """A record window scores its answer part only (the mask starts after the prompt): the per-row detail the sweep
+    replays holds exactly those positions, so a draft's token sits beside the label of the same position."""
+    from dvi_lite.methods.kangaroo.distill import evaluate
+    from dvi_lite.models.vocab import TrimmedHead
+
+    data = _teacher(model)
+    data.mask[:, :5] = False  # a prompt of 5 positions in every row
+    head = TrimmedHead(model.lm_head, torch.arange(64))
+    ev = evaluate(KangarooAdapter(model, 2).eval(), Runner(model), head, data, torch.arange(6))
+    for r in ev["per_row"]:
+        m = data.mask[r["row"]]
+        assert len(r["draft"]) == int(m.sum()) == len(r["tokens"])
+        assert torch.equal(r["tokens"], data.tokens[r["row"]][m])
+        assert torch.equal(r["teacher"], data.top_ids[r["row"], :, 0][m])
+    assert ev["positions"] == int(data.mask.sum())
+
+
+def test_greedy_labels_are_the_models_own_top1(model):
+    from dvi_lite.methods.kangaroo.sweep import greedy_labels
+
+    data = _teacher(model)
+    greedy_labels(model, data)
+    with torch.no_grad():
+        want = model(input_ids=data.tokens).logits.argmax(-1)  # (N, T)
+    assert data.top_ids.shape[-1] == 1 and torch.equal(data.top_ids[..., 0], want)
+    assert float(data.top_logp.abs().max()) == 0.0  # one-hot targets
+
+
+@pytest.mark.parametrize("argv, msg", [(["--steps", "0"], "--steps must be >= 1"),
+                                       (["--train-tokens", "0"], "--train-tokens must be >= 1")])
+def test_sweep_cli_bad_inputs_are_usage_errors(argv, msg, capsys, tmp_path):
+    from dvi_lite.methods.kangaroo.sweep import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--json", str(tmp_path / "s.json")])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
 def test_replay_follows_double_early_exit():
     from dvi_lite.methods.kangaroo.sweep import needed_tau, predict, replay
 

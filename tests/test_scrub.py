@@ -61,3 +61,13 @@ def test_a_latex_copy_beside_html_goes_and_a_lone_one_stays():
     alone = {"output_type": "display_data", "data": {"text/latex": ["$x^2$"], "text/plain": ["x**2"]}}
     out = scrub(nb([both, alone]), ROOT)["cells"][0]["outputs"]
     assert set(out[0]["data"]) == {"text/html", "text/plain"} and "text/latex" in out[1]["data"]
+
+
+def test_a_cells_run_timestamps_go_and_its_tags_stay():
+    meta = {"papermill": {"duration": 0.1, "start_time": "2026-11-28T07:13:48Z", "status": "completed"},
+            "execution": {"iopub.status.busy": "2026-11-28T07:01:47Z"}, "tags": ["parameters"]}
+    book = {"cells": [{"cell_type": "code", "source": "", "metadata": meta, "outputs": []},
+                      {"cell_type": "markdown", "source": "x", "metadata": {"papermill": {"duration": 0.0}}}],
+            "metadata": {}}
+    out = scrub(book, Path("/nowhere"))
+    assert out["cells"][0]["metadata"] == {"tags": ["parameters"]} and out["cells"][1]["metadata"] == {}

@@ -131,3 +131,25 @@ def real_search_figure(rec: dict):
     fig.update_layout(title="SmolLM2 skip sets at equal ratios: the search against random and uniform sets",
                       barmode="group", legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def seeds_table(rec: dict) -> str:
+    """BO against random and uniform skip sets over seeds (results/41_draft_verify_seeds.json): per arm, the mean
+    predicted speedup on calibration and held-out rows and the held-out acceptance α̂, with 95% intervals over
+    seeds (a uniform pattern is one set, no interval); then BO − random on held-out rows, and the no-skip check."""
+    s = rec["summary"]
+
+    def cell(metric: str, arm: str) -> str:
+        d = s[metric][arm]
+        return f"{d['value']:.3f}" if "value" in d else f"{d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
+
+    lines = [f"skip ratio {rec['ratio']}, {rec['trials']} trials per seed, seeds {rec['seeds']}; "
+             f"{rec['positions']['calibration']} calibration and {rec['positions']['heldout']} held-out positions",
+             f"{'arm':<22}{'predicted × AR, calib.':>26}{'predicted × AR, held-out':>26}{'held-out α̂':>26}"]
+    for arm, name in ARMS.items():
+        lines.append(f"{name:<22}" + "".join(f"{cell(m, arm):>26}" for m in
+                                              ("calibration_speedup", "heldout_speedup", "heldout_alpha_hat")))
+    d = s["heldout_speedup"]["bo_minus_random"]
+    lines.append(f"BO − random, predicted × AR on held-out rows: {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+    lines.append(f"skipping nothing scores α̂ {rec['no_skip']['heldout']['alpha_hat']:.3f} on held-out rows")
+    return "\n".join(lines)

@@ -9,7 +9,9 @@ outputs first. It never touches code, so the stamp of the code a run executed st
 - an embedded PNG is stored with a 256-colour palette (`shrink_png`): a plotly chart has few colours, so it looks
   the same at about a quarter of the bytes, and every committed MB is one the GPU machine's copy cannot carry;
 - a LaTeX copy of an output that also has HTML (IPython's `Code` display of a function's source) goes: JupyterLab
-  and GitHub show the HTML, and the LaTeX is only for PDF export.
+  and GitHub show the HTML, and the LaTeX is only for PDF export;
+- each cell's run timestamps (papermill's start, end and duration, the kernel's `execution` times) go: they say when
+  the machine ran the cell, not what the lesson shows (reproduce.json keeps each notebook's wall time).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dvi_lite.paths import atomic_write_bytes
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 BAR = re.compile(r"\d+%\|")  # tqdm's bar: " 37%|███▋      | 37/100 [00:01<00:02, ...]"
+CELL_TIMES = ("papermill", "execution")  # a cell's run timestamps
 NOISE = re.compile(r"is deprecated|will be removed in|DeprecationWarning|FutureWarning")
 
 
@@ -76,6 +79,8 @@ def scrub(nb: dict, root: Path) -> dict:
     """The notebook with its outputs cleaned (see the module's docstring); code cells' sources unchanged."""
     prefix = str(Path(root).resolve()) + "/"
     for cell in nb.get("cells", []):
+        for key in CELL_TIMES:
+            cell.get("metadata", {}).pop(key, None)
         if "outputs" in cell:
             kept = (_keep_output(o) for o in cell["outputs"])
             cell["outputs"] = [json.loads(json.dumps(o).replace(prefix, "")) for o in kept if o is not None]

@@ -124,21 +124,56 @@ def configurations(model, methods: list[str]) -> dict[str, str]:
         "hf": "transformers' generate",
         "hf_assisted": f"the SpS draft at K = {k}, in transformers' assisted generation",
         "sps": f"K = {k}" + (f", sps-sizing's pick{src(d['sps'])}" if "sps" in d else ", the default"),
-        "pld": f"K = {dflt('pld', 'K')}, n-grams up to {dflt('pld', 'max_ngram')}",
-        "kangaroo": f"exit layer {split}{src(d) if 'split' in d else ''}, K = {dflt('kangaroo', 'K')}, "
+        "pld": f"K = {dflt('pld', 'K')}, n-grams up to {dflt('pld', 'max_ngram')} (the paper's defaults, not sized)",
+        "kangaroo": f"exit layer {split} {_kangaroo_exit(model, split)}, K = {dflt('kangaroo', 'K')}, "
                     f"η = {dflt('kangaroo', 'threshold')}",
         "draft_verify": f"{skip_set}, K = {dflt('draft_verify', 'K')}, "
                         f"γ toward α = {dflt('draft_verify', 'target_alpha')}",
         "medusa": (f"{len(med['tree'])}-node tree, {med.get('K')} heads, medusa-sizing's pick{src(med)}"
                    if med.get("tree") else "the default tree"),
-        "dvi": f"exit layer {split}, K = {dflt('dvi', 'K')}, threshold {dflt('dvi', 'threshold')}",
-        "eagle": f"{dflt('eagle', 'tree')} tree, depth {dflt('eagle', 'K')} (EAGLE-2's expansion)",
+        "dvi": f"exit layer {split} (its committed head's), K = {dflt('dvi', 'K')}, threshold "
+               f"{dflt('dvi', 'threshold')} (the reference's defaults, not sized)",
+        "eagle": f"{dflt('eagle', 'tree')} tree (EAGLE-2's expansion), depth {dflt('eagle', 'K')}, "
+                 f"{_eagle_nodes(model)}",
     }
     out = {}
     for m in methods:
         base, *opts = m.split(":")
         out[m] = text.get(base, "its defaults") + "".join(f", {o}" for o in opts)
     return out
+
+
+def _kangaroo_exit(model, split: int) -> str:
+    """Where the study's exit layer comes from: the model's exit sweep's pick (results/15_kangaroo_<model>.json),
+    or the committed adapter's when the sweep (re-run since) ranks another layer first: the printout says so rather
+    than claim the sweep chose it."""
+    import json
+
+    from dvi_lite.models.artifacts import artifacts_dir
+    from dvi_lite.paths import ROOT
+
+    sweep = f"results/15_kangaroo_{artifacts_dir(model).name}.json"
+    path = ROOT / sweep
+    chosen = json.loads(path.read_text()).get("sweep", {}).get("chosen_k") if path.is_file() else None
+    if chosen is None:
+        return "(the committed adapter's)"
+    if chosen == split:
+        return f"(the exit sweep's pick, {sweep})"
+    return f"(the committed adapter's; the exit sweep, {sweep}, ranks k = {chosen} first)"
+
+
+def _eagle_nodes(model) -> str:
+    """EAGLE's verified-node budget, and eagle-budget's result behind it when that file sized this model to it."""
+    import json
+
+    from dvi_lite.methods.eagle.drafter import DEFAULT_MAX_NODES
+    from dvi_lite.models.artifacts import artifacts_dir
+    from dvi_lite.paths import ROOT
+
+    budget = ROOT / "results" / "28_eagle_budget.json"
+    sized = budget.is_file() and json.loads(budget.read_text()).get("model") == artifacts_dir(model).name \
+        and json.loads(budget.read_text()).get("best_nodes") == DEFAULT_MAX_NODES
+    return f"{DEFAULT_MAX_NODES} nodes" + (" (eagle-budget's pick, results/28_eagle_budget.json)" if sized else "")
 
 
 def _count(module) -> int:
@@ -150,6 +185,15 @@ def extra_params(model, method: str, options: dict | None = None) -> int:
     from dvi_lite.methods.params import added_parameters
 
     return added_parameters(model, method, None, **(options or {}))
+
+
+def options_for(options: dict[str, dict], label: str) -> tuple[str, dict]:
+    """A row label's method and options, merged as the bench merges them: options[method], then options[label],
+    then the label's own ('eagle:lookup=true' -> ('eagle', {**options['eagle'], 'lookup': True}))."""
+    from dvi_lite.measure.timing import parse_spec
+
+    name, own = parse_spec(label)
+    return name, {**options.get(name, {}), **(options.get(label, {}) if label != name else {}), **own}
 
 
 def memory(model, method: str, options: dict, positions: int) -> dict:

@@ -185,12 +185,12 @@ def evaluate(adapter: KangarooAdapter, runner: Runner, head: TrimmedHead, data: 
         conf, top = conf.cpu(), head.ids.cpu()[top.cpu()]  # back to vocabulary ids
         match = (top == b["top_ids"][..., 0]) & b["mask"]
         for j, row in enumerate(r.tolist()):
-            n = int(b["mask"][j].sum())
+            m = b["mask"][j]  # (T,) the scored positions: a prefix of a teacher row, a record window's answer part
             for key in ("all",) + (("answers",) if row < n_ans else ()):
                 hits[key][0] += int(match[j].sum())
-                hits[key][1] += n
-            per_row.append({"row": row, "answer": row < n_ans, "draft": top[j, :n], "conf": conf[j, :n],
-                            "teacher": b["top_ids"][j, :n, 0], "tokens": b["tokens"][j, :n]})
+                hits[key][1] += int(m.sum())
+            per_row.append({"row": row, "answer": row < n_ans, "draft": top[j][m], "conf": conf[j][m],
+                            "teacher": b["top_ids"][j, :, 0][m], "tokens": b["tokens"][j][m]})
     adapter.train(was)
     return {"loss": loss_sum / max(w_sum, 1.0), "alpha": hits["all"][0] / max(1, hits["all"][1]),
             "alpha_answers": hits["answers"][0] / hits["answers"][1] if hits["answers"][1] else None,

@@ -1,7 +1,9 @@
 """Kangaroo's exit-layer sweep on a real model: alpha, the draft cost c, and the speedup the cost model predicts.
 
-For each exit layer k: a short `distill.fit_adapter` run on the teacher data, then on the held-out rows
-- alpha: the draft's top-1 agreement with the teacher's top-1, per token;
+For each exit layer k: a short `distill.fit_adapter` run on the model's self-distillation set (by default its
+committed token record, data/<model>/distill/: the recipe the committed adapter was trained by, at a smaller equal
+budget per layer), then on the set's held-out rows, relabelled with the full model's own fp32 top-1 (`greedy_labels`)
+- alpha: the draft's top-1 agreement with the full model's top-1, per token;
 - tau(eta, K): a replay of greedy double early exit on the model's own answers. Where a row is the model's own
   greedy text (token t+1 == the teacher's top-1 at t), the drafts the engine would make are exactly the draft's
   top-1 along the row, so a step from position p accepts the leading matches of drafts p, p+1, ... and drafting
@@ -24,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from dvi_lite.commands import check_outputs, run_or_usage_error
+from dvi_lite.commands import check_outputs, require_positive, run_or_usage_error
 from dvi_lite.core.kvcache import KVCache
 from dvi_lite.core.runner import Runner
 from dvi_lite.measure import cost
 from dvi_lite.measure.provenance import provenance
 from dvi_lite.methods.kangaroo.drafter import KangarooAdapter
 from dvi_lite.models.artifacts import fingerprint
+from dvi_lite.models.teacher import TeacherData
 from dvi_lite.models.vocab import TrimmedHead
 from dvi_lite.paths import BUILD_DIR, atomic_write_text
 
@@ -153,27 +156,43 @@ def bf16_copy(adapter: KangarooAdapter, model) -> KangarooAdapter:
     return a.eval()
 
 
-def sweep(model, fast_model, tok, data, layers: list[int], steps: int, v: dict, seed: int = 0,
-          k_max: int = 6) -> list[dict]:
-    """One short fit per exit layer; alpha, replayed tau per eta, measured c (in fast_model's dtype), prediction."""
+@torch.inference_mode()
+def greedy_labels(model, data: TeacherData, batch_rows: int = 4) -> TeacherData:
+    """Relabel `data` in place with the full model's own top-1 at every position (fp32, whole windows, causal, so
+    right padding does not matter): the record's labels are the answers it sampled, at T = 0.7 or 1 for two thirds
+    of them, while alpha and the greedy replay need what a greedy verifier accepts."""
+    data.top_ids = data.top_ids[..., :1].clone()
+    data.top_logp = torch.zeros_like(data.top_ids, dtype=torch.float16)
+    for b in range(0, data.tokens.shape[0], batch_rows):
+        x = data.tokens[b:b + batch_rows]  # (B, T)
+        data.top_ids[b:b + batch_rows, :, 0] = model(input_ids=x).logits.argmax(-1)  # (B, T)
+    data.card = {**data.card, "labels": "the full model's fp32 top-1 (kangaroo.sweep.greedy_labels)"}
+    return data
+
+
+def sweep(model, fast_model, tok, data: TeacherData, val: TeacherData | None, layers: list[int], steps: int,
+          v: dict, seed: int = 0, k_max: int = 6) -> list[dict]:
+    """One short fit per exit layer on `data` (held out: `val`, or rows of `data` when None); alpha, replayed tau
+    per eta, measured c (in fast_model's dtype), prediction. Each fit checkpoints and resumes (build/ckpt)."""
     from dvi_lite.methods.kangaroo.distill import TeacherFitConfig, fit_adapter
+    from dvi_lite.models.loading import bf16_is_fast
     from dvi_lite.models.vocab import resolve_vocab
 
     table = []
     for k in layers:
-        cfg = TeacherFitConfig(split=k, steps=steps, seed=seed)
+        cfg = TeacherFitConfig(split=k, steps=steps, seed=seed, bf16=bf16_is_fast(next(model.parameters()).device))
         ckpt = BUILD_DIR / "ckpt" / f"kangaroo_sweep_k{k}_{fingerprint(model)}.pt"  # one per model and exit layer
-        adapter, card = fit_adapter(model, tok, data, cfg, ckpt=ckpt)
+        adapter, card = fit_adapter(model, tok, data, cfg, resume=True, ckpt=ckpt, val=val)
         fast = bf16_copy(adapter, fast_model)
         c = draft_cost(fast_model, fast, resolve_vocab(fast_model, tok, cfg.vocab))
         c_full = draft_cost(fast_model, fast, None, repeats=9)
         preds = predict(adapter.val_rows, c["c"], v, k_max=k_max)
         best = max(preds, key=lambda r: r["predicted_speedup"])
-        table.append({"k": k, "alpha": card["val"]["alpha"], "alpha_answers": card["val"]["alpha_answers"],
-                      "alpha_init": card["init"]["alpha"], "val_loss": card["val"]["loss"], "c": c["c"],
+        table.append({"k": k, "alpha": card["val"]["alpha"], "alpha_init": card["init"]["alpha"],
+                      "val_loss": card["val"]["loss"], "val_positions": card["val"]["positions"], "c": c["c"],
                       "c_full_head": c_full["c"], "draft_s": c["draft_s"], "forward_s": c["forward_s"],
-                      "steps": steps, "train_wall_s": card["wall_time_s"], "per_eta": preds,
-                      "best_eta": best["eta"], "predicted_speedup": best["predicted_speedup"]})
+                      "steps": steps, "tokens_seen": card["tokens_seen"], "train_wall_s": card["wall_time_s"],
+                      "per_eta": preds, "best_eta": best["eta"], "predicted_speedup": best["predicted_speedup"]})
         print(json.dumps({kk: vv for kk, vv in table[-1].items() if kk != "per_eta"}), flush=True)
     return table
 
@@ -198,6 +217,14 @@ def bench_rows(bench: dict, target: float = 1.3) -> list[dict]:
     return rows
 
 
+def _shown(path: Path) -> str:
+    """A path as a results file keeps it: relative to the repository when inside it (no machine paths)."""
+    from dvi_lite.paths import ROOT
+
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _command(argv: list[str] | None) -> str:
     args = sys.argv[1:] if argv is None else argv
     return " ".join(["python -m dvi_lite.methods.kangaroo.sweep", *map(shlex.quote, args)])
@@ -206,16 +233,22 @@ def _command(argv: list[str] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dvi_lite.methods.kangaroo.sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--teacher", default=None, help="teacher data file (default: the model's build/teacher/ file)")
-    ap.add_argument("--layers", type=int, nargs="+", default=[3, 4, 6, 8])
-    ap.add_argument("--steps", type=int, default=120, help="optimiser steps per exit layer")
+    ap.add_argument("--data", default=None, help="self-distillation set folder (default: the model's committed "
+                    "token record, data/<model>/distill/)")
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 3, 4, 6, 8])
+    ap.add_argument("--steps", type=int, default=600, help="optimiser steps per exit layer")
+    ap.add_argument("--train-tokens", type=int, default=400_000, help="answer tokens of the set's train split read")
+    ap.add_argument("--val-tokens", type=int, default=20_000, help="answer tokens of the set's held-out split read")
     ap.add_argument("--dtype", default="bfloat16", help="dtype c is measured in (the bench's)")
-    ap.add_argument("--v-from", default="results/14_smollm2_bf16.json", help="bench JSON with the measured v(n)")
+    ap.add_argument("--v-from", default="results/41_study_24x2_smollm2_bf16.json",
+                    help="bench JSON with the measured v(n) (the study's)")
     ap.add_argument("--json", default="results/15_kangaroo_smollm2.json")
     ap.add_argument("--pick", default=None, help="write the chosen exit layer to this file")
     ap.add_argument("--bench", nargs="+", default=None, help="bench JSON file(s) (ar + kangaroo rows): add their "
                     "eta runs to --json instead of sweeping")
     args = ap.parse_args(argv)
+    for name in ("steps", "train_tokens", "val_tokens"):
+        require_positive(ap, args, name)
     check_outputs(ap, (args.json, "file", "--json"))  # before any work
     if args.bench:
         out = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
@@ -228,21 +261,27 @@ def main(argv: list[str] | None = None) -> int:
             for r in run["rows"]:
                 print(json.dumps(r))
         return 0
+    from dvi_lite.models.distill_reader import load_distill
+    from dvi_lite.models.distill_record import record_dir
     from dvi_lite.models.loading import load_model
-    from dvi_lite.models.teacher import load_teacher, teacher_path
 
     def run() -> dict:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         model, tok = load_model(args.model, dtype="float32")
         fast_model, _ = load_model(args.model, dtype=args.dtype)
-        tfile = Path(args.teacher) if args.teacher else teacher_path(model)
-        data = load_teacher(tfile)
+        folder = Path(args.data) if args.data else record_dir(model)
+        layers = tuple(sorted(set(args.layers)))
+        data = load_distill(model, folder, "train", layers=layers, max_tokens=args.train_tokens)
+        val = load_distill(model, folder, "val", layers=layers, max_tokens=args.val_tokens)
+        greedy_labels(model, val)
         v = json.loads(Path(args.v_from).read_text())["verify_cost"]
-        table = sweep(model, fast_model, tok, data, args.layers, args.steps, v)
+        table = sweep(model, fast_model, tok, data, val, list(layers), args.steps, v)
         pick = max(table, key=lambda r: r["predicted_speedup"])
         out = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
         out.update({"sweep": {"table": table, "chosen_k": pick["k"], "rule": "max predicted speedup (K=6, best eta)",
-                              "v": v, "v_from": args.v_from, "teacher": str(tfile),
+                              "v": v, "v_from": args.v_from, "data": _shown(folder),
+                              "train": {k: data.card.get(k) for k in ("n_rows", "n_tokens", "labels")},
+                              "val": {k: val.card.get(k) for k in ("n_rows", "n_tokens", "labels")},
                               "provenance": provenance(_command(argv))}})
         atomic_write_text(Path(args.json), json.dumps(out, indent=1) + "\n")
         if args.pick:

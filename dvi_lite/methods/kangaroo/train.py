@@ -119,7 +119,8 @@ def train_adapter(cfg: AdapterConfig, model_path: str | None = None, out: Path |
     return card
 
 
-# SmolLM2's exit layer, chosen by the sweep (sweep.py; results/15_kangaroo_smollm2.json) and its final recipe.
+# SmolLM2's exit layer (the committed adapter's and DVI head's) and its final recipe. The exit sweep on the token
+# record (sweep.py; results/15_kangaroo_smollm2.json) now ranks k = 2 first: moving there means retraining both.
 SMOLLM2_SPLIT = 4
 SMOLLM2_RECIPE = TeacherFitConfig(split=SMOLLM2_SPLIT, steps=300)
 
