@@ -150,6 +150,7 @@ def seeds_table(rec: dict) -> str:
         lines.append(f"{name:<22}" + "".join(f"{cell(m, arm):>26}" for m in
                                               ("calibration_speedup", "heldout_speedup", "heldout_alpha_hat")))
     d = s["heldout_speedup"]["bo_minus_random"]
-    lines.append(f"BO − random, predicted × AR on held-out rows: {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+    lines.append(f"BO − random, predicted × AR on held-out rows: {d['mean']:+.3f} "
+                 f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
     lines.append(f"skipping nothing scores α̂ {rec['no_skip']['heldout']['alpha_hat']:.3f} on held-out rows")
     return "\n".join(lines)
