@@ -29,6 +29,10 @@ TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL) --extra
 START_TIME := $(shell date +%s)
 
 export PYTHONHASHSEED := 0
+# Python writes the bytecode of what it imports, so that only the first process compiles torch and transformers.
+# A machine that sets PYTHONDONTWRITEBYTECODE would otherwise recompile them in every process: about 12 s in each
+# test worker, notebook kernel and subprocess here, a quarter of `make test`.
+unexport PYTHONDONTWRITEBYTECODE
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help setup lint test test-browser book reproduce learner study lab model env-check clean distclean
@@ -45,7 +49,7 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # --no-compile: pip would byte-compile every installed module (about 30 s here); Python compiles the few a run
-# imports on first use instead.
+# imports on first use instead, and keeps them (see PYTHONDONTWRITEBYTECODE above).
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q --no-compile $(TORCH_PIP_ARGS)torch==2.13.0 2>&1 | $(PIP_FILTER)
 	$(PIP) install -q --no-compile -e '.[course,dev]' 2>&1 | $(PIP_FILTER)

@@ -145,6 +145,20 @@ def test_parse_spec_reads_variant_options():
         parse_spec("kangaroo:branch")
 
 
+def test_a_labels_options_merge_method_then_label_then_its_own():
+    """One merge rule for the bench and the study's tables: options[method], then options[label], then the
+    label's own; a runtime after '@' is not an option."""
+    from dvi_lite.study.table import options_for
+
+    opts = {"eagle": {"K": 4, "lookup": False}, "eagle:lookup=true": {"K": 5}, "ar@lean": {"x": 1}}
+    assert options_for(opts, "eagle") == ("eagle", {"K": 4, "lookup": False})
+    assert options_for(opts, "eagle:lookup=true") == ("eagle", {"K": 5, "lookup": True})
+    assert options_for(opts, "ar@lean") == ("ar", {"x": 1})
+    assert options_for({}, "sps:K=2@int8") == ("sps", {"K": 2})
+    with pytest.raises(ValueError, match="runtime after '@'"):
+        options_for({}, "ar@fast")
+
+
 def test_step_log_is_the_per_step_record_behind_tau(tiny_model):
     """A model drafting for itself (sps, greedy) has every draft token accepted; AR drafts nothing."""
     from dvi_lite.models.loading import load_model

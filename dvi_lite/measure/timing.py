@@ -90,6 +90,14 @@ def split_runtime(label: str) -> tuple[str, str | None]:
     return base, runtime or None
 
 
+def options_for(options: dict[str, dict], label: str) -> tuple[str, dict]:
+    """A bench label's method and options, merged in this order: options[method], then options[label], then the
+    label's own ('eagle:lookup=true' -> ('eagle', {**options['eagle'], 'lookup': True})); a runtime after '@' is
+    not an option (split_runtime reads it)."""
+    name, own = parse_spec(split_runtime(label)[0])
+    return name, {**options.get(name, {}), **(options.get(label, {}) if label != name else {}), **own}
+
+
 def run_one(model, tok, rec: dict, i: int, method: str, max_new_tokens: int, temperature: float, top_p: float,
             seed: int, options: dict, runtime: str | None = None):
     """One timed generation of prompt `rec` (the i-th; its seed is seed + i), with CUDA's peak memory if any.
@@ -170,12 +178,11 @@ def bench(model, tok, prompts: list[dict], methods: list[str], max_new_tokens: i
     short keeps what it measured.
     """
     options = options or {}
-    spec = {}  # label -> (method, options): options from `options[method]`, `options[label]`, then the label
+    spec = {}  # label -> (method, its options, runtime)
     for m in methods:
-        base, runtime = split_runtime(m)
-        name, opts = parse_spec(base)
+        name, opts = options_for(options, m)
         check_method(name)
-        spec[m] = (name, {**options.get(name, {}), **(options.get(m, {}) if m != name else {}), **opts}, runtime)
+        spec[m] = (name, opts, split_runtime(m)[1])
     for m in methods:  # warm-up (also builds drafters' caches, loads draft models)
         for _ in range(warmup):
             run_method(model, tok, prompts[:1], *_args(spec[m], max_new_tokens, temperature, top_p, seed))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dvi_lite.core.kvcache import kv_bytes
 from dvi_lite.measure.timing import bench
+from dvi_lite.measure.timing import options_for as options_for  # re-exported: the notebooks read it here
 from dvi_lite.models.loading import DRAFT_MODEL
 
 # method -> (paper, headline claim as the authors report it, setting); from REFERENCE.md, not measured here
@@ -171,8 +172,8 @@ def _eagle_nodes(model) -> str:
     from dvi_lite.paths import ROOT
 
     budget = ROOT / "results" / "28_eagle_budget.json"
-    sized = budget.is_file() and json.loads(budget.read_text()).get("model") == artifacts_dir(model).name \
-        and json.loads(budget.read_text()).get("best_nodes") == DEFAULT_MAX_NODES
+    found = json.loads(budget.read_text()) if budget.is_file() else {}
+    sized = found.get("model") == artifacts_dir(model).name and found.get("best_nodes") == DEFAULT_MAX_NODES
     return f"{DEFAULT_MAX_NODES} nodes" + (" (eagle-budget's pick, results/28_eagle_budget.json)" if sized else "")
 
 
@@ -185,15 +186,6 @@ def extra_params(model, method: str, options: dict | None = None) -> int:
     from dvi_lite.methods.params import added_parameters
 
     return added_parameters(model, method, None, **(options or {}))
-
-
-def options_for(options: dict[str, dict], label: str) -> tuple[str, dict]:
-    """A row label's method and options, merged as the bench merges them: options[method], then options[label],
-    then the label's own ('eagle:lookup=true' -> ('eagle', {**options['eagle'], 'lookup': True}))."""
-    from dvi_lite.measure.timing import parse_spec
-
-    name, own = parse_spec(label)
-    return name, {**options.get(name, {}), **(options.get(label, {}) if label != name else {}), **own}
 
 
 def memory(model, method: str, options: dict, positions: int) -> dict:
