@@ -410,23 +410,32 @@ sys.meta_path.insert(0, Block())
 for name in HEAVY:  # as if not installed: importlib.util.find_spec says None (transformers probes some of them)
     sys.modules[name] = None
 """
-LOADED = "print(sorted(m for m in sys.modules if sys.modules[m] is not None and m.partition('.')[0] in HEAVY))"
+LOADED = "print('LOADED', json.dumps(sorted(m for m in sys.modules if sys.modules[m] is not None and "\
+         "m.partition('.')[0] in HEAVY)))"
 
 
-def test_import_needs_only_the_core_dependencies():
-    code = BLOCK + "import dvi_lite, dvi_lite.core.registry\nassert dvi_lite.METHODS['ar']\n" + LOADED
-    res = run_python(code)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
-
-
-def test_layers_below_the_study_import_without_the_course_extra():
+@pytest.fixture(scope="module")
+def without_the_course_extra() -> tuple[list[str], dict[str, str]]:
+    """One interpreter with the course extra blocked (each interpreter pays torch's and transformers' import):
+    first `import dvi_lite` alone, and which blocked packages it loaded; then every module below the study, each
+    imported as if first (ALONE), and the ones that failed."""
     names = sorted(m for m in MODULES if m.split(".")[1:2] in (["core"], ["measure"], ["models"], ["course_model"],
                                                                  ["methods"]))
-    code = BLOCK + ALONE % json.dumps(names)
-    res = run_python(code)
+    code = BLOCK + "import json\nimport dvi_lite, dvi_lite.core.registry\nassert dvi_lite.METHODS['ar']\n" + LOADED
+    res = run_python(code + ALONE % json.dumps(names))
     assert res.returncode == 0, res.stderr[-3000:]
-    failed = json.loads(res.stdout.strip().splitlines()[-1])
+    lines = res.stdout.strip().splitlines()
+    loaded = next(json.loads(line.removeprefix("LOADED ")) for line in lines if line.startswith("LOADED "))
+    return loaded, json.loads(lines[-1])
+
+
+def test_import_needs_only_the_core_dependencies(without_the_course_extra):
+    loaded, _ = without_the_course_extra
+    assert loaded == [], loaded
+
+
+def test_layers_below_the_study_import_without_the_course_extra(without_the_course_extra):
+    _, failed = without_the_course_extra
     assert not failed, "\n".join(f"{name}:\n{tb}" for name, tb in failed.items())
 
 

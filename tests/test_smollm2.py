@@ -129,7 +129,7 @@ def test_ar_equals_hf_generate_on_spec_bench(fp32):
 
     model, tok = fp32
     ref = smollm2_reference()
-    assert len(ref) >= 8
+    assert len(ref) >= 6
     for prompt, ours in ref:
         ids = prompt_ids(tok, prompt)
         ref_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
