@@ -30,8 +30,8 @@ START_TIME := $(shell date +%s)
 
 export PYTHONHASHSEED := 0
 # Python writes the bytecode of what it imports, so that only the first process compiles torch and transformers.
-# A machine that sets PYTHONDONTWRITEBYTECODE would otherwise recompile them in every process: about 12 s in each
-# test worker, notebook kernel and subprocess here, a quarter of `make test`.
+# A machine that sets PYTHONDONTWRITEBYTECODE would otherwise recompile them in every process (each test worker,
+# notebook kernel and subprocess): about a minute of `make test` on 2 cores.
 unexport PYTHONDONTWRITEBYTECODE
 export TOKENIZERS_PARALLELISM := false
 
