@@ -380,6 +380,14 @@ def test_each_command_module_runs_as_a_thin_alias(command, capsys, monkeypatch):
     assert e.value.code == 0 and f"usage: {PROG} {command}" in capsys.readouterr().out
 
 
+def test_make_keeps_pythons_bytecode():
+    """A machine that sets PYTHONDONTWRITEBYTECODE (this one does) would make every test worker, notebook kernel and
+    subprocess compile torch and transformers again, with `pip --no-compile`: the Makefile unexports it."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--no-compile" in makefile
+    assert re.search(r"^unexport PYTHONDONTWRITEBYTECODE$", makefile, re.MULTILINE)
+
+
 def test_readme_and_makefile_use_the_one_cli():
     readme, makefile = (ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()
     missing = [c for c in COMMANDS if f"| `{c}` |" not in readme]
