@@ -125,11 +125,11 @@ def test_loads_by_name_in_both_dtypes(fp32):
 def test_ar_equals_hf_generate_on_spec_bench(fp32):
     """The real-model reference (helpers.smollm2_reference: Spec-Bench dev questions from all six task groups,
     our AR's SMOLLM2_NEW greedy tokens each, chat template) is HF generate's, and our prompt ids are the template's."""
-    from helpers import smollm2_reference
+    from helpers import SMOLLM2_QUESTIONS, smollm2_reference
 
     model, tok = fp32
     ref = smollm2_reference()
-    assert len(ref) >= 6
+    assert len(ref) == SMOLLM2_QUESTIONS
     for prompt, ours in ref:
         ids = prompt_ids(tok, prompt)
         ref_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
