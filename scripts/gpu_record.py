@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = {"eagle head": "eagle/card.json", "sps draft": "sps/card.json", "medusa heads": "medusa/heads.json",
-         "kangaroo adapter": "kangaroo/adapter_k4.json", "dvi head": "dvi/card.json"}
+         "kangaroo adapter": "kangaroo/adapter_k2.json", "dvi head": "dvi/card.json"}
 KEEP = ("init", "final", "steps", "train_tokens_seen", "tokens_seen", "wall_time_s", "train_time_s", "command",
         "accuracy", "curve", "bytes_fp16", "params")
 

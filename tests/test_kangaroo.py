@@ -321,5 +321,24 @@ def test_vocab_defaults_to_the_head_the_adapter_was_trained_through(tmp_path):
     assert trained_vocab(path) == 4096
     from dvi_lite.paths import DATA_DIR
 
-    assert trained_vocab(DATA_DIR / "smollm2" / "kangaroo" / "adapter_k4.pt") == 8192  # SmolLM2's committed one
+    assert trained_vocab(DATA_DIR / "smollm2" / "kangaroo" / "adapter_k2.pt") == 8192  # SmolLM2's committed one
     assert trained_vocab(DATA_DIR / "kangaroo" / "adapter_k2.pt") is None  # the course model's: the full head
+
+
+def test_smollm2_pieces_and_recipes_share_one_exit_layer():
+    """defaults.json's exit is the one the committed adapter and DVI head were trained at, and the one both recipes
+    and `prepare` would retrain them at: a piece moved to another exit without the rest fails here."""
+    import json
+
+    from dvi_lite.methods.dvi import cli as dvi_cli
+    from dvi_lite.methods.kangaroo import train as kangaroo_train
+    from dvi_lite.paths import DATA_DIR
+    from dvi_lite.study.prepare import SMOLLM2_RECIPES
+
+    home = DATA_DIR / "smollm2"
+    split = json.loads((home / "defaults.json").read_text())["split"]
+    assert kangaroo_train.SMOLLM2_SPLIT == dvi_cli.SMOLLM2_SPLIT == split
+    assert json.loads((home / "dvi" / "card.json").read_text())["split"] == split
+    adapter = dict((name, f) for name, _, _, f in SMOLLM2_RECIPES)["kangaroo adapter"]
+    assert adapter == f"kangaroo/adapter_k{split}.pt" and (home / adapter).is_file()
+    assert json.loads((home / adapter).with_suffix(".json").read_text())["split"] == split

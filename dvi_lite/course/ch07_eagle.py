@@ -41,7 +41,7 @@ from dvi_lite.paths import DATA_DIR
 # method -> (its card under data/smollm2/, what it drafts from)
 SOURCES: dict[str, tuple[str, str]] = {
     "sps": ("sps/card.json", "tokens, through the target's first layer (its own small model)"),
-    "kangaroo": ("kangaroo/adapter_k4.json", "the target's shallow state after layer k = 4, plus an adapter layer"),
+    "kangaroo": ("kangaroo/adapter_k2.json", "the target's shallow state after layer k = 2, plus an adapter layer"),
     "medusa": ("medusa/heads.json", "the target's last state, one head per position ahead"),
     "eagle": ("eagle/card.json", "the target's fused features (a low, a middle and a high layer) + the next token"),
 }

@@ -6,8 +6,8 @@ Agreement is teacher-forced; what decoding gets is tau (tokens per target forwar
 each snapshot as the method's piece and runs the engine greedily on Spec-Bench dev evaluation questions (never
 trained on), so the curve shows both against tokens seen:
 
-    python -m dvi_lite curve-tau --model smollm2 --method kangaroo --curve data/smollm2/kangaroo/curve/adapter_k4 \
-        --card data/smollm2/kangaroo/adapter_k4.json --json results/27_curve_kangaroo.json
+    python -m dvi_lite curve-tau --model smollm2 --method kangaroo --curve <out>/kangaroo/curve/adapter_k2 \
+        --card data/smollm2/kangaroo/adapter_k2.json --json build/curve_kangaroo.json
 
 tau and alpha are counts, not timings: they do not depend on the machine's load.
 """

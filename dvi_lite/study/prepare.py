@@ -48,7 +48,7 @@ class PrepareConfig:
 # SmolLM2's committed pieces: (piece, recipe "module:function", the out_dir it is given relative to the
 # model's artifacts folder, the file it writes there). Every recipe is `fn(model_path, out_dir, command, smoke)`.
 SMOLLM2_RECIPES = (
-    ("kangaroo adapter", "dvi_lite.methods.kangaroo.train:prepare_smollm2", ".", "kangaroo/adapter_k4.pt"),
+    ("kangaroo adapter", "dvi_lite.methods.kangaroo.train:prepare_smollm2", ".", "kangaroo/adapter_k2.pt"),
     ("dvi head", "dvi_lite.methods.dvi.cli:prepare_smollm2", ".", "dvi/policy.pt"),
     ("draft_verify skip set", "dvi_lite.methods.draft_verify.search:prepare_smollm2", "draft_verify",
      "draft_verify/skip.json"),

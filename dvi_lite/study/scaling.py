@@ -111,7 +111,7 @@ def curves_figure(curves: Mapping[str, Sequence[Mapping]], key: str = "val_agree
 
 # piece card (under the model's artifacts folder) and the bench row whose c is the piece's cost per draft token
 PIECES = {"eagle": ("eagle/card.json", "eagle:tree=chain"), "sps": ("sps/card.json", "sps"),
-          "medusa": ("medusa/heads.json", "medusa"), "kangaroo": ("kangaroo/adapter_k4.json", "kangaroo")}
+          "medusa": ("medusa/heads.json", "medusa"), "kangaroo": ("kangaroo/adapter_k2.json", "kangaroo")}
 
 
 def card_curve(card: Mapping) -> list[dict]:

@@ -21,7 +21,7 @@ on the val split at milestones of tokens seen; --max-minutes stops resumably (th
 --ablation runs the --arms (our variant "dvi", the reference trainers' default "reference", KL-only "kl", pure RL
 "rl") for every --seeds and writes --json:
 
-    python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --split 4 --vocab 8192 \
+    python -m dvi_lite dvi --model smollm2 --data build/distill/<fingerprint> --split 2 --vocab 8192 \
         --warm-start-tokens 1000000 --sequences 36 --max-minutes 60 --out build/dvi_paper/smollm2
     python -m dvi_lite dvi --model smollm2 --data data/smollm2/distill --ablation --seeds 0,1,2 \
         --arms dvi,kl,rl,reference --warm-start-tokens 100000 --sequences 12 --soft-top-k 32 --online-lr 1e-4 \
@@ -283,9 +283,11 @@ def stored_form(out: Path, dtype: str, head_rank: int | None) -> dict:
     return card
 
 
-# SmolLM2's committed head: the online phase at a tenth of the warm start's lr (at the warm start's own lr the
-# online phase undid what the warm start taught, on held-out questions), and the trained rows stored as the
-# target's + a rank-64 change (what fits the tracked tree's budget)
+# SmolLM2's committed head: the exit Kangaroo's adapter uses (the exit sweep's first, results/15_kangaroo_smollm2.json:
+# the cheapest draft, at an acceptance level with the deeper exits'); the online phase at a tenth of the warm start's
+# lr (at the warm start's own lr the online phase undid what the warm start taught, on held-out questions); and the
+# trained rows stored as the target's + a rank-64 change (what fits the tracked tree's budget)
+SMOLLM2_SPLIT = 2
 SMOLLM2_ONLINE_LR = 1e-4
 SMOLLM2_HEAD_RANK = 64
 
@@ -301,9 +303,10 @@ def prepare_smollm2(model_path, out_dir: Path, command: str, smoke: bool = False
         return serve.prepare_smollm2(model_path, out_dir, command, smoke)
     from dvi_lite.paths import BUILD_DIR
 
-    argv = ["--data", str(data), "--out", str(Path(out_dir) / "dvi"), "--save-dtype", "bfloat16",
-            "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2"), "--online-lr", str(SMOLLM2_ONLINE_LR),
-            "--head-rank", str(SMOLLM2_HEAD_RANK), "--force"]  # prepare decided: it runs only when asked to
+    argv = ["--data", str(data), "--split", str(SMOLLM2_SPLIT), "--out", str(Path(out_dir) / "dvi"),
+            "--save-dtype", "bfloat16", "--ckpt-dir", str(BUILD_DIR / "ckpt" / "dvi_paper_smollm2"),
+            "--online-lr", str(SMOLLM2_ONLINE_LR), "--head-rank", str(SMOLLM2_HEAD_RANK),
+            "--force"]  # prepare decided: it runs only when asked to
     argv += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
     argv += ["--warm-start-tokens", "256", "--sequences", "2", "--max-new-tokens", "8", "--eval-prompts", "0"] \
         if smoke else []

@@ -37,7 +37,8 @@ from dvi_lite.methods.dvi.policy import TRAINER_FILE, DVIPolicy
 from dvi_lite.models.teacher import TeacherData
 from dvi_lite.models.vocab import TrimmedHead
 
-# the paper's head on SmolLM2 (exit layer 4, the committed 8192-token map): ~4.92M trainable values
+# the paper's head on SmolLM2 (the three-seed ablation's exit layer 4; the committed head exits at cli.SMOLLM2_SPLIT;
+# the committed 8192-token map): ~4.92M trainable values
 # (head rows 8192 x 576 = 4.72M, lora_S at rank 32 = 203k, exit_norm, alpha) against the shared head's 51k
 PAPER = DVIConfig(split=4, head="trained", head_lr_mult=0.1, lora_rank=32, lora_alpha=64.0, t_lambda=1000.0,
                   kl_floor=0.05, rl_variant="reinforce", ce_weight=0.2, lr=1e-3, fast_every=8, batch_size=64,
