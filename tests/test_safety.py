@@ -309,3 +309,19 @@ def test_every_write_of_a_users_work_is_atomic():
             if "tmp" not in target:
                 found.append(f"{rel}:{node.lineno}: {node.func.attr} to {target}")
     assert not found, "writes that a kill could leave half done:\n" + "\n".join(found)
+
+
+def test_the_cold_start_ablation_keeps_the_committed_dvi_head_without_force(tmp_path, capsys):
+    """`--save-head data/smollm2/dvi` (the command 15_dvi_smollm2.json records) would replace the committed head:
+    refused before any model loads, naming --force."""
+    from dvi_lite.methods.dvi import ablation
+    from dvi_lite.paths import DATA_DIR
+
+    head = DATA_DIR / "smollm2" / "dvi"
+    before = (head / "policy.pt").read_bytes()
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--save-head", str(head), "--json", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--save-head" in err and "--force" in err and "Traceback" not in err, err
+    assert (head / "policy.pt").read_bytes() == before

@@ -53,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-tokens", type=int, default=RECIPE["eval_tokens"])
     ap.add_argument("--json", default=None, help="write the results here (e.g. results/15_dvi_smollm2.json)")
     ap.add_argument("--save-head", default=None, help="save the dvi arm's head (bf16) + card here")
+    ap.add_argument("--force", action="store_true", help="let --save-head / --json replace committed files")
     ap.add_argument("--ckpt-dir", default=None,
                     help="checkpoints per arm (default: under build/ckpt/, keyed by the model and the recipe)")
     ap.add_argument("--resume", action="store_true")
@@ -199,7 +200,8 @@ def paper_ablation(model, tok, train: TeacherData, val: TeacherData, base: DVICo
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    check_outputs(ap, (args.json, "file", "--json"), (args.ckpt_dir, "dir", "--ckpt-dir"))  # before any work
+    check_outputs(ap, (args.json, "file", "--json"), (args.ckpt_dir, "dir", "--ckpt-dir"),
+                  (args.save_head, "dir", "--save-head"), force=args.force)  # before any work
     cmd = " ".join([PROG, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     run_or_usage_error(ap, run, args, cmd)
     return 0
