@@ -342,3 +342,11 @@ def test_smollm2_pieces_and_recipes_share_one_exit_layer():
     adapter = dict((name, f) for name, _, _, f in SMOLLM2_RECIPES)["kangaroo adapter"]
     assert adapter == f"kangaroo/adapter_k{split}.pt" and (home / adapter).is_file()
     assert json.loads((home / adapter).with_suffix(".json").read_text())["split"] == split
+    # the tables that read the adapter's card name the same file
+    from dvi_lite.course.ch07_eagle import SOURCES
+    from dvi_lite.paths import ROOT
+    from dvi_lite.study.scaling import PIECES
+
+    card = f"kangaroo/adapter_k{split}.json"
+    assert SOURCES["kangaroo"][0] == PIECES["kangaroo"][0] == card
+    assert f'"kangaroo adapter": "{card}"' in (ROOT / "scripts" / "gpu_record.py").read_text()
